@@ -1,0 +1,22 @@
+# Finds a CBLAS (OpenBLAS preferred) for ember's CPU matmul and wires it into a target
+# (EMBER_BLAS_TARGET: `ember` in the build tree, `ember::ember` for an installed package).
+# Without one, ember uses its plain loop GEMM (correct, slower) and says so.
+if(NOT EMBER_BLAS_TARGET)
+  set(EMBER_BLAS_TARGET ember)
+endif()
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS QUIET)
+if(NOT BLAS_FOUND)
+  unset(BLA_VENDOR)
+  find_package(BLAS QUIET)
+endif()
+find_path(EMBER_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread)
+if(BLAS_FOUND AND EMBER_CBLAS_INCLUDE_DIR)
+  set(EMBER_HAVE_CBLAS ON)
+  target_compile_definitions(${EMBER_BLAS_TARGET} INTERFACE EMBER_HAVE_CBLAS=1)
+  target_include_directories(${EMBER_BLAS_TARGET} INTERFACE ${EMBER_CBLAS_INCLUDE_DIR})
+  target_link_libraries(${EMBER_BLAS_TARGET} INTERFACE ${BLAS_LIBRARIES})
+else()
+  set(EMBER_HAVE_CBLAS OFF)
+  message(STATUS "ember: no CBLAS found (install libopenblas-dev); CPU matmul uses the plain fallback")
+endif()

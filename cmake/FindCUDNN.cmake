@@ -1,0 +1,24 @@
+# FindCUDNN: locates cuDNN 9 (header and library) and reports its version.
+# Hints: CUDNN_ROOT (CMake or environment variable), e.g. the folder of the nvidia-cudnn-cu13 wheel.
+# Provides CUDNN_FOUND, CUDNN_VERSION, CUDNN_INCLUDE_DIR, CUDNN_LIBRARY and the target CUDNN::cudnn.
+find_path(CUDNN_INCLUDE_DIR cudnn_version.h
+  HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS}
+  PATH_SUFFIXES include include/x86_64-linux-gnu)
+find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+  HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR}
+  PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+if(CUDNN_INCLUDE_DIR AND EXISTS "${CUDNN_INCLUDE_DIR}/cudnn_version.h")
+  file(STRINGS "${CUDNN_INCLUDE_DIR}/cudnn_version.h" _cudnn_v REGEX "^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) +[0-9]+")
+  string(REGEX REPLACE ".*CUDNN_MAJOR +([0-9]+).*" "\\1" _maj "${_cudnn_v}")
+  string(REGEX REPLACE ".*CUDNN_MINOR +([0-9]+).*" "\\1" _min "${_cudnn_v}")
+  string(REGEX REPLACE ".*CUDNN_PATCHLEVEL +([0-9]+).*" "\\1" _pat "${_cudnn_v}")
+  set(CUDNN_VERSION "${_maj}.${_min}.${_pat}")
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(CUDNN REQUIRED_VARS CUDNN_LIBRARY CUDNN_INCLUDE_DIR VERSION_VAR CUDNN_VERSION)
+if(CUDNN_FOUND AND NOT TARGET CUDNN::cudnn)
+  add_library(CUDNN::cudnn UNKNOWN IMPORTED)
+  set_target_properties(CUDNN::cudnn PROPERTIES IMPORTED_LOCATION "${CUDNN_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_INCLUDE_DIR}")
+endif()
+mark_as_advanced(CUDNN_INCLUDE_DIR CUDNN_LIBRARY)

@@ -1,0 +1,159 @@
+#pragma once
+// The backward engine: walks the tape from the roots in reverse topological order, sums the
+// gradients arriving at each node, and frees saved tensors unless retain_graph.
+// Included by core/tensor.hpp; include <ember/autograd/engine.hpp> rather than this file.
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ember::autograd {
+
+namespace detail {
+inline StridedArgs same_shape_args(const Shape& s) {
+  StridedArgs a;
+  a.ndim = s.dim();
+  auto st = s.strides();
+  for (int i = 0; i < s.dim(); ++i) {
+    a.shape[i] = s[i];
+    a.stride_a[i] = a.stride_b[i] = st[static_cast<size_t>(i)];
+  }
+  return a;
+}
+
+// acc += g, elementwise, same shape, dtype and device.
+inline void add_into(const AnyTensor& acc, const AnyTensor& g) {
+  if (acc.numel() == 0) return;
+  acc.backend().binary(BinaryOp::Add, acc.dtype(), acc.data_ptr(), g.data_ptr(), acc.data_ptr(),
+                       same_shape_args(acc.shape()));
+}
+
+inline void check_gradient(const Node& node, size_t i, const AnyTensor& g) {
+  const OutputMeta& m = node.inputs[i];
+  EMBER_CHECK(g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device, AutogradError,
+              "backward of ", node.name(), " returned a gradient ", g.desc(), " for input ", i, " which is ",
+              dtype_name(m.dtype), m.shape.str(), " on ", m.device.str());
+}
+}  // namespace detail
+
+inline std::vector<AnyTensor> AccumulateGrad::apply(std::vector<AnyTensor>&& grad_outputs) {
+  AnyTensor g = grad_outputs.at(0);
+  if (!g.defined()) return {};
+  NoGradGuard no_grad;
+  if (!leaf_->grad) {
+    // Copy rather than alias: the incoming gradient may share storage with another leaf's.
+    leaf_->grad = g.detach().clone().impl_ptr();
+  } else {
+    AnyTensor acc(leaf_->grad);
+    EMBER_CHECK(acc.shape() == g.shape() && acc.dtype() == g.dtype() && acc.device() == g.device(), AutogradError,
+                "accumulating a gradient ", g.desc(), " into an existing .grad ", acc.desc());
+    detail::add_into(acc, g);
+  }
+  AnyTensor leaf(leaf_);
+  for (auto& hook : leaf_->grad_ready_hooks) hook(leaf);
+  return {};
+}
+
+// Runs backward from `roots` with the given gradients (one per root, same shapes).
+inline void backward(const std::vector<AnyTensor>& roots, const std::vector<AnyTensor>& grads,
+                     bool retain_graph = false) {
+  EMBER_CHECK(roots.size() == grads.size(), AutogradError, "backward: ", roots.size(), " roots but ",
+              grads.size(), " gradients");
+  NoGradGuard no_grad;  // backward functions run untaped
+  // Gradient buffers per node and output slot.
+  std::unordered_map<Node*, std::vector<AnyTensor>> buffers;
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<std::shared_ptr<Node>> start;
+
+  auto add_grad = [&](Node* node, int slot, const AnyTensor& g) {
+    auto& buf = buffers[node];
+    if (buf.empty()) buf.resize(node->outputs.size());
+    AnyTensor& dst = buf[static_cast<size_t>(slot)];
+    if (!dst.defined()) {
+      dst = g;
+    } else {
+      AnyTensor sum = dst.clone();  // never add in place into a tensor another node may own
+      detail::add_into(sum, g);
+      dst = sum;
+    }
+  };
+
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const AnyTensor& r = roots[i];
+    EMBER_CHECK(r.requires_grad(), AutogradError, "backward: the tensor ", r.desc(),
+                " does not require grad and has no grad_fn (no input of the computation requires grad, "
+                "or it was computed under NoGradGuard)");
+    const AnyTensor& g = grads[i];
+    EMBER_CHECK(g.shape() == r.shape() && g.dtype() == r.dtype() && g.device() == r.device(), ShapeError,
+                "backward: gradient ", g.desc(), " does not match the tensor ", r.desc());
+    Edge e = gradient_edge(r);
+    add_grad(e.node.get(), e.input_nr, g);
+    start.push_back(e.node);
+  }
+
+  // Count, for each node reachable from the roots, how many edges point into it.
+  {
+    std::vector<Node*> stack;
+    std::unordered_set<Node*> seen;
+    for (auto& s : start)
+      if (seen.insert(s.get()).second) stack.push_back(s.get());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next) {
+        if (!e.valid()) continue;
+        dependencies[e.node.get()] += 1;
+        if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  std::vector<std::shared_ptr<Node>> ready;
+  {
+    std::unordered_set<Node*> queued;
+    for (auto& s : start)
+      if (dependencies[s.get()] == 0 && queued.insert(s.get()).second) ready.push_back(s);
+  }
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.back();
+    ready.pop_back();
+    std::vector<AnyTensor> gouts = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    gouts.resize(node->outputs.size());
+    for (size_t i = 0; i < gouts.size(); ++i) {
+      if (!gouts[i].defined()) {
+        const OutputMeta& m = node->outputs[i];
+        gouts[i] = AnyTensor::zeros(m.shape, m.dtype, m.device);
+      }
+    }
+    std::vector<AnyTensor> gins = node->apply(std::move(gouts));
+    if (!retain_graph) node->release();
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const Edge& e = node->next[i];
+      if (!e.valid()) continue;
+      if (i < gins.size() && gins[i].defined()) {
+        detail::check_gradient(*node, i, gins[i]);
+        add_grad(e.node.get(), e.input_nr, gins[i]);
+      }
+      if (--dependencies[e.node.get()] == 0) ready.push_back(e.node);
+    }
+  }
+}
+
+}  // namespace ember::autograd
+
+namespace ember {
+
+inline std::string AnyTensor::grad_fn_name() const {
+  return checked().grad_fn ? checked().grad_fn->name() : std::string("(leaf)");
+}
+
+inline void AnyTensor::backward(bool retain_graph) const {
+  EMBER_CHECK(numel() == 1, AutogradError, "backward: called without a gradient on the non-scalar ", desc(),
+              "; pass the gradient explicitly, backward(gradient), or reduce to a scalar first");
+  backward(AnyTensor::full(shape(), 1.0, dtype(), device()), retain_graph);
+}
+
+inline void AnyTensor::backward(const AnyTensor& gradient, bool retain_graph) const {
+  autograd::backward({*this}, {gradient}, retain_graph);
+}
+
+}  // namespace ember

@@ -1,0 +1,156 @@
+#pragma once
+// The CPU backend: the reference implementation of every kernel in the table (core/backend.hpp).
+#include <cstring>
+
+#include "ember/backend/cpu/allocator.hpp"
+#include "ember/backend/cpu/elementwise.hpp"
+#include "ember/backend/cpu/gemm.hpp"
+#include "ember/backend/cpu/index.hpp"
+#include "ember/backend/cpu/reduce.hpp"
+
+namespace ember::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu(); }
+
+  void* allocate(size_t bytes) override { return alloc_.allocate(bytes); }
+  void deallocate(void* p, size_t bytes) noexcept override { alloc_.deallocate(p, bytes); }
+  MemoryStats memory_stats() const override { return alloc_.stats(); }
+  void reset_peak_memory() override { alloc_.reset_peak(); }
+  void set_memory_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
+  void synchronize() override {}
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memmove(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+               size_t rows) override {
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+  }
+
+  void fill(DType t, void* dst, int64_t n, double v) override {
+    dispatch_dtype(t, [&](auto tag) { cpu::fill(static_cast<decltype(tag)*>(dst), n, v); });
+  }
+  void arange(DType t, void* dst, int64_t n, double start, double step) override {
+    dispatch_dtype(t, [&](auto tag) { cpu::arange(static_cast<decltype(tag)*>(dst), n, start, step); });
+  }
+  void cast(DType st, const void* src, DType dt, void* dst, int64_t n) override {
+    dispatch_dtype(st, [&](auto s) {
+      dispatch_dtype(dt, [&](auto d) {
+        cpu::cast(static_cast<const decltype(s)*>(src), static_cast<decltype(d)*>(dst), n);
+      });
+    });
+  }
+  void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) override {
+    dispatch_dtype(t, [&](auto tag) { cpu::random_uniform(static_cast<decltype(tag)*>(dst), n, seed, offset, lo, hi); });
+  }
+  void random_normal(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                     double stddev) override {
+    dispatch_dtype(t, [&](auto tag) {
+      cpu::random_normal(static_cast<decltype(tag)*>(dst), n, seed, offset, mean, stddev);
+    });
+  }
+
+  void unary(UnaryOp op, DType t, const void* x, void* out, int64_t n, double a, double b) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::unary(op, static_cast<const T*>(x), static_cast<T*>(out), n, a, b);
+    });
+  }
+  void unary_backward(UnaryOp op, DType t, const void* x, const void* y, const void* gy, void* gx, int64_t n, double a,
+                      double b) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::unary_backward(op, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(gy),
+                          static_cast<T*>(gx), n, a, b);
+    });
+  }
+  void binary(BinaryOp op, DType t, const void* a, const void* b, void* out, const StridedArgs& s) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::binary(op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), s);
+    });
+  }
+  void compare(CompareOp op, DType t, const void* a, const void* b, uint8_t* out, const StridedArgs& s) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::compare(op, static_cast<const T*>(a), static_cast<const T*>(b), out, s);
+    });
+  }
+  void where(DType t, const uint8_t* cond, const void* a, const void* b, void* out, const StridedArgs& s) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::where(cond, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), s);
+    });
+  }
+  void strided_copy(DType t, const void* src, void* out, const StridedArgs& s) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::strided_copy(static_cast<const T*>(src), static_cast<T*>(out), s);
+    });
+  }
+  void reduce(ReduceOp op, DType t, const void* x, void* out, int64_t outer, int64_t n, int64_t inner) override {
+    dispatch_dtype(t, [&](auto tag) { cpu::reduce(op, static_cast<const decltype(tag)*>(x), out, outer, n, inner); });
+  }
+  void nonfinite_check(DType t, const void* x, int64_t n, uint8_t* flag) override {
+    dispatch_dtype(t, [&](auto tag) { cpu::nonfinite_check(static_cast<const decltype(tag)*>(x), n, flag); });
+  }
+  void gemm(const GemmArgs& g) override { cpu::gemm(g); }
+  void softmax(DType t, const void* x, void* y, int64_t rows, int64_t cols, bool log) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::softmax(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, log);
+    });
+  }
+  void softmax_backward(DType t, const void* y, const void* gy, void* gx, int64_t rows, int64_t cols,
+                        bool log) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::softmax_backward(static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols, log);
+    });
+  }
+  void index_select(DType t, const void* x, const int64_t* idx, void* out, int64_t outer, int64_t src_n,
+                    int64_t idx_n, int64_t inner) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::index_select(static_cast<const T*>(x), idx, static_cast<T*>(out), outer, src_n, idx_n, inner);
+    });
+  }
+  void index_add(DType t, const void* gy, const int64_t* idx, void* gx, int64_t outer, int64_t src_n, int64_t idx_n,
+                 int64_t inner) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::index_add(static_cast<const T*>(gy), idx, static_cast<T*>(gx), outer, src_n, idx_n, inner);
+    });
+  }
+  void gather(DType t, const void* x, const int64_t* idx, void* out, int64_t outer, int64_t src_n, int64_t idx_n,
+              int64_t inner) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::gather(static_cast<const T*>(x), idx, static_cast<T*>(out), outer, src_n, idx_n, inner);
+    });
+  }
+  void scatter_add(DType t, const void* gy, const int64_t* idx, void* gx, int64_t outer, int64_t src_n,
+                   int64_t idx_n, int64_t inner) override {
+    dispatch_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::scatter_add(static_cast<const T*>(gy), idx, static_cast<T*>(gx), outer, src_n, idx_n, inner);
+    });
+  }
+
+ private:
+  HostAllocator alloc_;
+};
+
+}  // namespace ember::cpu
+
+namespace ember {
+inline Backend& cpu_backend() {
+  static cpu::CpuBackend backend;
+  return backend;
+}
+}  // namespace ember

@@ -1,0 +1,96 @@
+#pragma once
+// CPU matrix multiply: CBLAS (OpenBLAS) when the build found it (EMBER_HAVE_CBLAS, set for every
+// consumer of ember::ember alike, so no translation unit sees a different definition), else a
+// plain cache-friendly loop. fp16 and bf16 are widened to fp32, multiplied, and rounded back.
+#include <vector>
+
+#include "ember/backend/cpu/elementwise.hpp"
+
+#if defined(EMBER_HAVE_CBLAS)
+#include <cblas.h>
+#endif
+
+namespace ember::cpu {
+
+template <class T>
+void gemm_plain(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T beta, T* c, int64_t ldc) {
+  std::vector<T> row(static_cast<size_t>(n));
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(row.begin(), row.end(), T(0));
+    for (int64_t p = 0; p < k; ++p) {
+      const T av = ta ? a[p * lda + i] : a[i * lda + p];
+      if (av == T(0)) continue;
+      if (!tb) {
+        const T* br = b + p * ldb;
+        for (int64_t j = 0; j < n; ++j) row[static_cast<size_t>(j)] += av * br[j];
+      } else {
+        for (int64_t j = 0; j < n; ++j) row[static_cast<size_t>(j)] += av * b[j * ldb + p];
+      }
+    }
+    T* cr = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j)
+      cr[j] = alpha * row[static_cast<size_t>(j)] + (beta == T(0) ? T(0) : beta * cr[j]);
+  }
+}
+
+template <class T>
+void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+              int64_t ldb, T beta, T* c, int64_t ldc) {
+#if defined(EMBER_HAVE_CBLAS)
+  const auto cta = ta ? CblasTrans : CblasNoTrans;
+  const auto ctb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, cta, ctb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasRowMajor, cta, ctb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    return;
+  }
+#endif
+  gemm_plain<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+inline void gemm(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t i = 0; i < g.batch; ++i)
+      gemm_one<T>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<T>(g.alpha),
+                  static_cast<const T*>(g.a) + i * g.stride_a, g.lda, static_cast<const T*>(g.b) + i * g.stride_b,
+                  g.ldb, static_cast<T>(g.beta), static_cast<T*>(g.c) + i * g.stride_c, g.ldc);
+  };
+  switch (g.dtype) {
+    case DType::Float32: run(float{}); return;
+    case DType::Float64: run(double{}); return;
+    case DType::Float16:
+    case DType::BFloat16: {
+      // Widen each operand to fp32 (its whole strided extent), multiply, round back.
+      auto widen = [&](const void* p, int64_t count) {
+        std::vector<float> w(static_cast<size_t>(count));
+        if (g.dtype == DType::Float16) cast(static_cast<const half*>(p), w.data(), count);
+        else cast(static_cast<const bfloat16*>(p), w.data(), count);
+        return w;
+      };
+      // Extent of a row-major matrix with `rows` rows of `cols` used columns and leading dimension ld.
+      auto extent = [](int64_t rows, int64_t cols, int64_t ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; };
+      const int64_t a_count = (g.batch - 1) * g.stride_a + (g.trans_a ? extent(g.k, g.m, g.lda) : extent(g.m, g.k, g.lda));
+      const int64_t b_count = (g.batch - 1) * g.stride_b + (g.trans_b ? extent(g.n, g.k, g.ldb) : extent(g.k, g.n, g.ldb));
+      const int64_t c_count = (g.batch - 1) * g.stride_c + extent(g.m, g.n, g.ldc);
+      std::vector<float> a = widen(g.a, a_count), b = widen(g.b, b_count), c = widen(g.c, c_count);
+      for (int64_t i = 0; i < g.batch; ++i)
+        gemm_one<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data() + i * g.stride_a,
+                        g.lda, b.data() + i * g.stride_b, g.ldb, static_cast<float>(g.beta),
+                        c.data() + i * g.stride_c, g.ldc);
+      if (g.dtype == DType::Float16) cast(c.data(), static_cast<half*>(g.c), c_count);
+      else cast(c.data(), static_cast<bfloat16*>(g.c), c_count);
+      return;
+    }
+    default:
+      throw DTypeError(detail::str_cat("gemm: unsupported dtype ", dtype_name(g.dtype), " on cpu"));
+  }
+}
+
+}  // namespace ember::cpu

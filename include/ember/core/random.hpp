@@ -1,0 +1,100 @@
+#pragma once
+// One random stream everywhere (DESIGN.md decision 6): the counter-based Philox4x32-10 generator.
+// Element i of a draw at (seed, offset) uses counter block (offset + i / 4) and lane i % 4, so the
+// CPU and CUDA backends produce the same numbers, and a draw can be replayed from (seed, offset).
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "ember/core/macros.hpp"
+
+namespace ember {
+
+namespace detail {
+struct Philox4x32 {
+  uint32_t v[4];
+};
+
+EMBER_HD inline void mulhilo32(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  uint64_t p = static_cast<uint64_t>(a) * b;
+  hi = static_cast<uint32_t>(p >> 32);
+  lo = static_cast<uint32_t>(p);
+}
+
+// Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
+EMBER_HD inline Philox4x32 philox4x32_10(uint64_t seed, uint64_t block) {
+  uint32_t c0 = static_cast<uint32_t>(block), c1 = static_cast<uint32_t>(block >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo32(0xD2511F53u, c0, hi0, lo0);
+    mulhilo32(0xCD9E8D57u, c2, hi1, lo1);
+    uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+EMBER_HD inline uint32_t philox_lane(uint64_t seed, uint64_t offset, int64_t i) {
+  Philox4x32 r = philox4x32_10(seed, offset + static_cast<uint64_t>(i) / 4u);
+  return r.v[i % 4];
+}
+
+// [0, 1) with 24 random bits.
+EMBER_HD inline float philox_uniform(uint64_t seed, uint64_t offset, int64_t i) {
+  return static_cast<float>(philox_lane(seed, offset, i) >> 8) * 5.9604644775390625e-8f;
+}
+
+// Standard normal by Box-Muller over the lane pair (0,1) or (2,3) of element i's block.
+EMBER_HD inline double philox_normal(uint64_t seed, uint64_t offset, int64_t i) {
+  Philox4x32 r = philox4x32_10(seed, offset + static_cast<uint64_t>(i) / 4u);
+  int lane = static_cast<int>(i % 4);
+  int pair = lane & ~1;
+  double u1 = (static_cast<double>(r.v[pair] >> 8) + 1.0) * 5.9604644775390625e-8;  // (0, 1]
+  double u2 = static_cast<double>(r.v[pair + 1] >> 8) * 5.9604644775390625e-8;      // [0, 1)
+  double rad = sqrt(-2.0 * log(u1));
+  double theta = 6.283185307179586 * u2;
+  return (lane & 1) ? rad * sin(theta) : rad * cos(theta);
+}
+}  // namespace detail
+
+// The process-wide default generator: a seed and an offset (in 4-number blocks) that advances with
+// every draw. Its (seed, offset) pair is the whole state, so a checkpoint can store it exactly.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0x853c49e6748fea9bULL) : seed_(seed) {}
+  void manual_seed(uint64_t seed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    seed_ = seed;
+    offset_ = 0;
+  }
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+  void set_state(uint64_t seed, uint64_t offset) {
+    std::lock_guard<std::mutex> lock(mu_);
+    seed_ = seed;
+    offset_ = offset;
+  }
+  // Reserves the blocks for n numbers and returns the offset of the first.
+  uint64_t reserve(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t start = offset_;
+    offset_ += (static_cast<uint64_t>(n) + 3u) / 4u;
+    return start;
+  }
+
+ private:
+  std::mutex mu_;
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+inline Generator& default_generator() {
+  static Generator g;
+  return g;
+}
+inline void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+}  // namespace ember

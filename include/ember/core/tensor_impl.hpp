@@ -1,0 +1,40 @@
+#pragma once
+// The untyped tensor body shared by AnyTensor and Tensor<T> handles (DESIGN.md decision 1).
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ember/core/storage.hpp"
+
+namespace ember {
+
+class AnyTensor;
+namespace autograd {
+class Node;
+}
+
+struct TensorImpl {
+  DType dtype = DType::Float32;
+  Device device;
+  Shape shape;
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements; views (reshape, leading-dimension slices) share storage
+
+  // Autograd state. A leaf that requires grad accumulates into `grad`; a non-leaf has `grad_fn`.
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;
+  int output_nr = 0;
+  std::weak_ptr<autograd::Node> grad_accumulator;
+  // Called on a leaf right after a backward pass has accumulated into its gradient.
+  std::vector<std::function<void(const AnyTensor&)>> grad_ready_hooks;
+
+  void* data() const {
+    return storage ? static_cast<char*>(storage->data()) + offset * static_cast<int64_t>(dtype_size(dtype))
+                   : nullptr;
+  }
+  int64_t numel() const { return shape.numel(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+};
+
+}  // namespace ember
