@@ -21,10 +21,10 @@ EMBER_HD inline void mulhilo32(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& l
   lo = static_cast<uint32_t>(p);
 }
 
-// Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
-EMBER_HD inline Philox4x32 philox4x32_10(uint64_t seed, uint64_t block) {
-  uint32_t c0 = static_cast<uint32_t>(block), c1 = static_cast<uint32_t>(block >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+// Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11)
+// on a full 128-bit counter and 64-bit key.
+EMBER_HD inline Philox4x32 philox4x32_10(Philox4x32 ctr, uint32_t k0, uint32_t k1) {
+  uint32_t c0 = ctr.v[0], c1 = ctr.v[1], c2 = ctr.v[2], c3 = ctr.v[3];
   for (int r = 0; r < 10; ++r) {
     uint32_t hi0, lo0, hi1, lo1;
     mulhilo32(0xD2511F53u, c0, hi0, lo0);
@@ -35,6 +35,12 @@ EMBER_HD inline Philox4x32 philox4x32_10(uint64_t seed, uint64_t block) {
     k1 += 0xBB67AE85u;
   }
   return {{c0, c1, c2, c3}};
+}
+
+// ember's use: the counter is the 64-bit block number, the key the 64-bit seed.
+EMBER_HD inline Philox4x32 philox4x32_10(uint64_t seed, uint64_t block) {
+  Philox4x32 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}};
+  return philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
 EMBER_HD inline uint32_t philox_lane(uint64_t seed, uint64_t offset, int64_t i) {

@@ -1,13 +1,23 @@
 #pragma once
-// CPU matrix multiply: CBLAS (OpenBLAS) when the build found it (EMBER_HAVE_CBLAS, set for every
-// consumer of ember::ember alike, so no translation unit sees a different definition), else a
-// plain cache-friendly loop. fp16 and bf16 are widened to fp32, multiplied, and rounded back.
+// CPU matrix multiply: a BLAS library (OpenBLAS) when the build found one (EMBER_HAVE_CBLAS, set
+// for every consumer of ember::ember alike, so no translation unit sees a different definition),
+// else a plain cache-friendly loop. fp16 and bf16 are widened to fp32, multiplied, rounded back.
+//
+// The BLAS is called through its standard Fortran symbols (sgemm_, dgemm_), declared here, rather
+// than through <cblas.h>: OpenBLAS's cblas.h declares a global `bfloat16` type that would clash
+// with ember::bfloat16 in any program that says `using namespace ember`. Every BLAS exports them.
 #include <vector>
 
 #include "ember/backend/cpu/elementwise.hpp"
 
 #if defined(EMBER_HAVE_CBLAS)
-#include <cblas.h>
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c, const int* ldc);
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const double* alpha,
+            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+            const int* ldc);
+}
 #endif
 
 namespace ember::cpu {
@@ -38,15 +48,20 @@ template <class T>
 void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
               int64_t ldb, T beta, T* c, int64_t ldc) {
 #if defined(EMBER_HAVE_CBLAS)
-  const auto cta = ta ? CblasTrans : CblasNoTrans;
-  const auto ctb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, cta, ctb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-    return;
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, cta, ctb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+    const char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';
+    const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+    const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
+    if (k == 0) {  // BLAS would leave C untouched when alpha*A*B is empty; match beta semantics
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>)
+      sgemm_(&tB, &tA, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+    else
+      dgemm_(&tB, &tA, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
     return;
   }
 #endif

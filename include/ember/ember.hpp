@@ -1,0 +1,20 @@
+#pragma once
+// ember: the umbrella header. Including it gives the whole CPU library; the CUDA backend joins at
+// run time when the program also compiles include/ember/backend/cuda/ember_cuda.cu with nvcc
+// (CMake: link ember::cuda). See README "How CUDA kernels reach a program".
+#include "ember/version.hpp"
+
+#include "ember/core/backend.hpp"
+#include "ember/core/device.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/core/error.hpp"
+#include "ember/core/half.hpp"
+#include "ember/core/random.hpp"
+#include "ember/core/shape.hpp"
+#include "ember/core/tensor.hpp"
+
+#include "ember/autograd/engine.hpp"
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/node.hpp"
+
+#include "ember/ops/ops.hpp"

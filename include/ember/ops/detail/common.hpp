@@ -1,0 +1,112 @@
+#pragma once
+// Checks and shape helpers shared by the op families: argument validation with messages that name
+// the op, shapes, dtypes and devices (DESIGN.md decision 8), NumPy broadcasting, and the two
+// broadcasting adjoints (expand a gradient up, sum a gradient down).
+#include <algorithm>
+#include <vector>
+
+#include "ember/core/tensor.hpp"
+
+namespace ember::op::detail {
+
+inline void check_defined(const char* op, const AnyTensor& t, const char* what = "input") {
+  EMBER_CHECK(t.defined(), ValueError, op, ": ", what, " is an undefined tensor");
+}
+
+inline void check_same_device(const char* op, const AnyTensor& a, const AnyTensor& b) {
+  EMBER_CHECK(a.device() == b.device(), DeviceError, op, ": tensors on different devices: ", a.desc(), " and ",
+              b.desc(), "; move one with .to(device)");
+}
+
+inline void check_same_dtype(const char* op, const AnyTensor& a, const AnyTensor& b) {
+  EMBER_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": dtypes differ: ", a.desc(), " and ", b.desc(),
+              "; cast one with .to<T>()");
+}
+
+inline void check_floating(const char* op, const AnyTensor& a) {
+  EMBER_CHECK(is_floating(a.dtype()), DTypeError, op, ": needs a floating-point tensor, got ", a.desc());
+}
+
+inline void check_index_dtype(const char* op, const AnyTensor& idx) {
+  EMBER_CHECK(idx.dtype() == DType::Int64 || idx.dtype() == DType::Int32, DTypeError, op,
+              ": indices must be int64 or int32, got ", idx.desc());
+}
+
+inline void check_nonempty(const char* op, const AnyTensor& a) {
+  EMBER_CHECK(a.numel() > 0, ShapeError, op, ": empty tensor ", a.desc(), " has no elements to reduce");
+}
+
+inline Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b, const char* an = "",
+                              const char* bn = "") {
+  const int n = std::max(a.dim(), b.dim());
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    int ia = a.dim() - n + i, ib = b.dim() - n + i;
+    int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    EMBER_CHECK(da == db || da == 1 || db == 1, ShapeError, op, ": shapes ", a.str(), an, " and ", b.str(), bn,
+                " cannot be broadcast together (dimension ", i, ": ", da, " vs ", db, ")");
+    out[static_cast<size_t>(i)] = da == 1 ? db : da;
+  }
+  return Shape(out);
+}
+
+// Strides for reading a tensor of shape `in` as if broadcast to shape `out`.
+inline void broadcast_strides(const Shape& in, const Shape& out, int64_t* strides) {
+  auto s = in.strides();
+  const int off = out.dim() - in.dim();
+  for (int i = 0; i < out.dim(); ++i) {
+    int j = i - off;
+    strides[i] = (j < 0 || in[j] == 1) ? 0 : s[static_cast<size_t>(j)];
+  }
+}
+
+inline StridedArgs strided_args(const Shape& out, const Shape* a, const Shape* b = nullptr, const Shape* c = nullptr) {
+  StridedArgs s;
+  s.ndim = out.dim();
+  for (int i = 0; i < out.dim(); ++i) s.shape[i] = out[i];
+  if (a) broadcast_strides(*a, out, s.stride_a);
+  if (b) broadcast_strides(*b, out, s.stride_b);
+  if (c) broadcast_strides(*c, out, s.stride_c);
+  return s;
+}
+
+// x expanded (materialised) to `shape`, which x broadcasts to. Not recorded.
+inline AnyTensor expand_raw(const AnyTensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  AnyTensor out = AnyTensor::empty(shape, x.dtype(), x.device());
+  Shape xs = x.shape();
+  if (out.numel() > 0) out.backend().strided_copy(x.dtype(), x.data_ptr(), out.data_ptr(), strided_args(shape, &xs));
+  return out;
+}
+
+// Sum of x over dimension d (kept as size 1). Not recorded.
+inline AnyTensor reduce_dim_raw(ReduceOp op, const AnyTensor& x, int d) {
+  const Shape& s = x.shape();
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= s[i];
+  for (int i = d + 1; i < s.dim(); ++i) inner *= s[i];
+  Shape os = s;
+  os[d] = 1;
+  const bool arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
+  AnyTensor out = AnyTensor::empty(os, arg ? DType::Int64 : x.dtype(), x.device());
+  if (s[d] == 0) {  // sum over nothing is zero (max/min of nothing were rejected by the caller)
+    if (out.numel() > 0) out.backend().fill(out.dtype(), out.data_ptr(), out.numel(), 0.0);
+    return out;
+  }
+  if (out.numel() > 0) x.backend().reduce(op, x.dtype(), x.data_ptr(), out.data_ptr(), outer, s[d], inner);
+  return out;
+}
+
+// The adjoint of broadcasting: sums g (of a broadcast shape) down to `shape`. Not recorded.
+inline AnyTensor sum_to_raw(const AnyTensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  AnyTensor cur = g;
+  const int off = g.dim() - shape.dim();
+  for (int i = g.dim() - 1; i >= 0; --i) {
+    int j = i - off;
+    if ((j < 0 || shape[j] == 1) && cur.shape()[i] != 1) cur = reduce_dim_raw(ReduceOp::Sum, cur, i);
+  }
+  return cur.reshape(shape);
+}
+
+}  // namespace ember::op::detail

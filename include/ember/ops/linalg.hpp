@@ -1,0 +1,126 @@
+#pragma once
+// Matrix multiply: matmul(a, b, trans_a, trans_b) for vectors, matrices and batches (BLAS on the
+// CPU, cuBLAS on CUDA). A batch of matrices times one matrix broadcasts the matrix; [..., m, k]
+// times [k, n] folds the leading dimensions into m so it is one GEMM.
+#include <vector>
+
+#include "ember/ops/detail/common.hpp"
+
+namespace ember::op {
+
+namespace detail {
+// C = op(A) op(B) for A, B of rank 2 or 3 (a rank-2 operand is shared by every batch entry).
+inline AnyTensor mm_raw(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
+  const Shape& as = a.shape();
+  const Shape& bs = b.shape();
+  const int64_t ar = as[as.dim() - 2], ac = as[as.dim() - 1];
+  const int64_t br = bs[bs.dim() - 2], bc = bs[bs.dim() - 1];
+  const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
+  const int64_t batch = std::max(as.dim() == 3 ? as[0] : 1, bs.dim() == 3 ? bs[0] : 1);
+  Shape os = (as.dim() == 3 || bs.dim() == 3) ? Shape{batch, m, n} : Shape{m, n};
+  AnyTensor c = AnyTensor::empty(os, a.dtype(), a.device());
+  if (c.numel() == 0) return c;
+  if (k == 0) {
+    c.backend().fill(c.dtype(), c.data_ptr(), c.numel(), 0.0);
+    return c;
+  }
+  GemmArgs g;
+  g.dtype = a.dtype();
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.data_ptr();
+  g.lda = ac;
+  g.stride_a = as.dim() == 3 ? ar * ac : 0;
+  g.b = b.data_ptr();
+  g.ldb = bc;
+  g.stride_b = bs.dim() == 3 ? br * bc : 0;
+  g.c = c.data_ptr();
+  g.ldc = n;
+  g.stride_c = m * n;
+  g.batch = batch;
+  c.backend().gemm(g);
+  return c;
+}
+
+inline AnyTensor mm(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
+  AnyTensor c = mm_raw(a, b, ta, tb);
+  if (autograd::any_requires_grad({a, b})) {
+    const bool ga = a.requires_grad(), gb = b.requires_grad();
+    AnyTensor sa = a.detach(), sb = b.detach();
+    autograd::record("matmul", {a, b}, {c}, [sa, sb, ta, tb, ga, gb](const std::vector<AnyTensor>& g) {
+      const AnyTensor& gc = g[0];
+      AnyTensor da, db;
+      if (ga) {
+        da = ta ? mm_raw(sb, gc, tb, true) : mm_raw(gc, sb, false, !tb);
+        if (da.dim() != sa.dim()) da = reduce_dim_raw(ReduceOp::Sum, da, 0).reshape(sa.shape());
+      }
+      if (gb) {
+        db = tb ? mm_raw(gc, sa, true, ta) : mm_raw(sa, gc, !ta, false);
+        if (db.dim() != sb.dim()) db = reduce_dim_raw(ReduceOp::Sum, db, 0).reshape(sb.shape());
+      }
+      return std::vector<AnyTensor>{da, db};
+    });
+  }
+  return c;
+}
+}  // namespace detail
+
+inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = false, bool trans_b = false) {
+  detail::check_defined("matmul", a, "first input");
+  detail::check_defined("matmul", b, "second input");
+  detail::check_same_device("matmul", a, b);
+  detail::check_same_dtype("matmul", a, b);
+  detail::check_floating("matmul", a);
+  EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul: scalars cannot be multiplied: ", a.desc(), " and ",
+              b.desc());
+  // Vectors: a row vector on the left, a column vector on the right, squeezed afterwards.
+  if (a.dim() == 1 || b.dim() == 1) {
+    AnyTensor a2 = a.dim() == 1 ? a.reshape(Shape{1, a.shape()[0]}) : a;
+    AnyTensor b2 = b.dim() == 1 ? b.reshape(Shape{b.shape()[0], 1}) : b;
+    AnyTensor r = matmul(a2, b2, a.dim() == 1 ? false : trans_a, b.dim() == 1 ? false : trans_b);
+    std::vector<int64_t> s = r.shape().vec();
+    if (b.dim() == 1) s.erase(s.end() - 1);
+    if (a.dim() == 1) s.erase(s.end() - (b.dim() == 1 ? 1 : 2));
+    return r.reshape(Shape(s));
+  }
+  const Shape& as = a.shape();
+  const Shape& bs = b.shape();
+  const int64_t k_a = trans_a ? as[as.dim() - 2] : as[as.dim() - 1];
+  const int64_t k_b = trans_b ? bs[bs.dim() - 1] : bs[bs.dim() - 2];
+  EMBER_CHECK(k_a == k_b, ShapeError, "matmul: inner dimensions differ: ", a.desc(), (trans_a ? " (transposed)" : ""),
+              " times ", b.desc(), (trans_b ? " (transposed)" : ""), " (", k_a, " vs ", k_b, ")");
+  // [..., m, k] x [k, n]: one GEMM over the folded leading dimensions.
+  if (a.dim() > 2 && b.dim() == 2 && !trans_a) {
+    std::vector<int64_t> out = as.vec();
+    out.back() = trans_b ? bs[0] : bs[1];
+    AnyTensor r = detail::mm(a.reshape(Shape{a.numel() / k_a, k_a}), b, false, trans_b);
+    return r.reshape(Shape(out));
+  }
+  // Batched: equal batch dimensions, or one operand a single matrix.
+  std::vector<int64_t> a_batch(as.begin(), as.end() - 2), b_batch(bs.begin(), bs.end() - 2);
+  EMBER_CHECK(a_batch.empty() || b_batch.empty() || a_batch == b_batch, ShapeError,
+              "matmul: batch dimensions differ: ", a.desc(), " and ", b.desc());
+  std::vector<int64_t> batch = a_batch.empty() ? b_batch : a_batch;
+  int64_t nb = 1;
+  for (int64_t d : batch) nb *= d;
+  AnyTensor a3 = a_batch.empty() ? a : a.reshape(Shape{nb, as[as.dim() - 2], as[as.dim() - 1]});
+  AnyTensor b3 = b_batch.empty() ? b : b.reshape(Shape{nb, bs[bs.dim() - 2], bs[bs.dim() - 1]});
+  AnyTensor r = detail::mm(a3, b3, trans_a, trans_b);
+  if (batch.empty()) return r;
+  std::vector<int64_t> out = batch;
+  out.push_back(r.shape()[1]);
+  out.push_back(r.shape()[2]);
+  return r.reshape(Shape(out));
+}
+
+}  // namespace ember::op
+
+namespace ember {
+template <Element T>
+Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool trans_a = false, bool trans_b = false) {
+  return Tensor<T>(op::matmul(a, b, trans_a, trans_b));
+}
+}  // namespace ember

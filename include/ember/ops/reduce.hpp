@@ -1,0 +1,154 @@
+#pragma once
+// Reductions over given dimensions with keepdim: sum, mean, max, min (forward and backward),
+// argmax, argmin (no gradient). An empty dimension list reduces over all dimensions.
+#include <algorithm>
+#include <vector>
+
+#include "ember/ops/detail/common.hpp"
+
+namespace ember::op {
+
+namespace detail {
+inline const char* reduce_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Mean: return "mean";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::ArgMax: return "argmax";
+    case ReduceOp::ArgMin: return "argmin";
+  }
+  return "reduce";
+}
+
+// Normalised, sorted, de-duplicated dims; all dims when `dims` is empty.
+inline std::vector<int> reduce_dims(const char* op, const AnyTensor& x, const std::vector<int>& dims) {
+  std::vector<int> out;
+  if (dims.empty()) {
+    for (int i = 0; i < x.dim(); ++i) out.push_back(i);
+  } else {
+    for (int d : dims) out.push_back(normalize_dim(d, std::max(x.dim(), 1), op));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (x.dim() == 0) out.clear();
+  return out;
+}
+
+inline Shape reduced_shape(const Shape& s, const std::vector<int>& dims, bool keepdim) {
+  std::vector<int64_t> out;
+  for (int i = 0; i < s.dim(); ++i) {
+    bool r = std::find(dims.begin(), dims.end(), i) != dims.end();
+    if (!r) out.push_back(s[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return Shape(out);
+}
+
+// Reduces over dims (innermost first, each kept as size 1), then reshapes to the result shape.
+inline AnyTensor reduce_raw(ReduceOp op, const AnyTensor& x, const std::vector<int>& dims, bool keepdim) {
+  AnyTensor cur = x;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) cur = reduce_dim_raw(op, cur, *it);
+  return cur.detach().reshape(reduced_shape(x.shape(), dims, keepdim));
+}
+}  // namespace detail
+
+inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  const char* name = detail::reduce_name(op);
+  detail::check_defined(name, x);
+  std::vector<int> rd = detail::reduce_dims(name, x, dims);
+  if (op != ReduceOp::Sum) {
+    for (int d : rd)
+      EMBER_CHECK(x.shape()[d] > 0, ShapeError, name, ": cannot reduce over the empty dimension ", d, " of ",
+                  x.desc());
+    if (x.dim() == 0) EMBER_CHECK(x.numel() > 0, ShapeError, name, ": empty tensor ", x.desc());
+  }
+  if (op == ReduceOp::Mean) detail::check_floating(name, x);
+  if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
+    EMBER_CHECK(rd.size() <= 1 || static_cast<int>(rd.size()) == x.dim(), ShapeError, name,
+                ": reduces over one dimension or all of them, got ", rd.size(), " of ", x.desc());
+    if (rd.size() > 1) {  // over everything: the flat index
+      AnyTensor flat = x.detach().reshape(Shape{x.numel()});
+      AnyTensor r = detail::reduce_raw(op, flat, {0}, false);
+      return keepdim ? r.reshape(detail::reduced_shape(x.shape(), rd, true)) : r;
+    }
+    return detail::reduce_raw(op, x, rd, keepdim);
+  }
+  AnyTensor y = detail::reduce_raw(op, x, rd, keepdim);
+  if (autograd::any_requires_grad({x})) {
+    Shape xs = x.shape();
+    Shape keep_shape = detail::reduced_shape(xs, rd, true);
+    int64_t count = 1;
+    for (int d : rd) count *= xs[d];
+    AnyTensor sx = (op == ReduceOp::Max || op == ReduceOp::Min) ? x.detach() : AnyTensor();
+    AnyTensor sy = sx.defined() ? y.detach() : AnyTensor();
+    autograd::record(name, {x}, {y}, [op, xs, keep_shape, count, sx, sy](const std::vector<AnyTensor>& g) {
+      AnyTensor gk = g[0].reshape(keep_shape);
+      AnyTensor gx = detail::expand_raw(gk, xs);
+      if (op == ReduceOp::Mean) {
+        gx = detail::unary_raw(UnaryOp::MulScalar, gx, 1.0 / static_cast<double>(count), 0);
+      } else if (op == ReduceOp::Max || op == ReduceOp::Min) {
+        // Gradient to every position equal to the extremum, split evenly between ties.
+        AnyTensor yk = sy.reshape(keep_shape);
+        AnyTensor mask = AnyTensor::empty(xs, DType::UInt8, sx.device());
+        StridedArgs st = detail::strided_args(xs, &xs, &keep_shape);
+        sx.backend().compare(CompareOp::Eq, sx.dtype(), sx.data_ptr(), yk.data_ptr(),
+                             static_cast<uint8_t*>(mask.data_ptr()), st);
+        AnyTensor fm = mask.to(sx.dtype());
+        // Tie counts per reduced group: sum the mask over the reduced dimensions, kept.
+        std::vector<int> dims_k;
+        for (int i = 0; i < xs.dim(); ++i)
+          if (keep_shape[i] == 1 && xs[i] != 1) dims_k.push_back(i);
+        AnyTensor cnt = detail::reduce_raw(ReduceOp::Sum, fm, dims_k, true).reshape(keep_shape);
+        AnyTensor w = detail::binary_raw(BinaryOp::Div, fm, detail::expand_raw(cnt, xs), xs);
+        gx = detail::binary_raw(BinaryOp::Mul, gx, w, xs);
+      }
+      return std::vector<AnyTensor>{gx};
+    });
+  }
+  return y;
+}
+
+inline AnyTensor sum(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::Sum, x, dims, keepdim);
+}
+inline AnyTensor mean(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::Mean, x, dims, keepdim);
+}
+inline AnyTensor max(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::Max, x, dims, keepdim);
+}
+inline AnyTensor min(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::Min, x, dims, keepdim);
+}
+inline AnyTensor argmax(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::ArgMax, x, dims, keepdim);
+}
+inline AnyTensor argmin(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::ArgMin, x, dims, keepdim);
+}
+
+}  // namespace ember::op
+
+namespace ember {
+
+template <Element T> Tensor<T> sum(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return Tensor<T>(op::sum(x, dims, keepdim));
+}
+template <Element T> Tensor<T> mean(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return Tensor<T>(op::mean(x, dims, keepdim));
+}
+template <Element T> Tensor<T> max(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return Tensor<T>(op::max(x, dims, keepdim));
+}
+template <Element T> Tensor<T> min(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+  return Tensor<T>(op::min(x, dims, keepdim));
+}
+template <Element T> Tensor<int64_t> argmax(const Tensor<T>& x, std::vector<int> dims = {}, bool keepdim = false) {
+  return Tensor<int64_t>(op::argmax(x, dims, keepdim));
+}
+template <Element T> Tensor<int64_t> argmin(const Tensor<T>& x, std::vector<int> dims = {}, bool keepdim = false) {
+  return Tensor<int64_t>(op::argmin(x, dims, keepdim));
+}
+
+}  // namespace ember

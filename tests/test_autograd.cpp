@@ -1,0 +1,232 @@
+// Autograd: the tape, the engine, accumulation, grad mode, retain_graph, hooks, error cases,
+// and the gradient-check harness itself (a wrong backward must fail it).
+#include <catch2/catch.hpp>
+
+#include "gradcheck.hpp"
+
+using namespace ember;
+
+TEST_CASE("backward of a scalar fills leaf gradients", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2, 3}).set_requires_grad();
+  auto y = sum(x * x);  // dy/dx = 2x
+  CHECK(y.requires_grad());
+  CHECK_FALSE(y.is_leaf());
+  y.backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{2, 4, 6});
+}
+
+TEST_CASE("backward with an explicit gradient", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2, 3}).set_requires_grad();
+  auto y = x * 3.0;
+  y.backward(Tensor<double>::from_vector({1, 10, 100}));
+  CHECK(x.grad().to_vector() == std::vector<double>{3, 30, 300});
+}
+
+TEST_CASE("gradients accumulate across backward calls until zero_grad", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, -1}).set_requires_grad();
+  sum(x * 2.0).backward();
+  sum(x * 2.0).backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{4, 4});
+  x.zero_grad();
+  CHECK_FALSE(x.grad().defined());
+  sum(x * 5.0).backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{5, 5});
+}
+
+TEST_CASE("a tensor used twice gets the sum of both paths (diamond)", "[autograd]") {
+  auto x = Tensor<double>::from_vector({2.0}).set_requires_grad();
+  auto a = x * 3.0;
+  auto b = exp(x);
+  auto y = sum(a * b);  // d/dx 3x e^x = 3e^x + 3x e^x
+  y.backward();
+  CHECK(x.grad().item() == Approx(3 * std::exp(2.0) + 6 * std::exp(2.0)));
+}
+
+TEST_CASE("two leaves fed by the same incoming gradient do not share storage", "[autograd]") {
+  auto a = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  auto b = Tensor<double>::from_vector({3, 4}).set_requires_grad();
+  sum(a + b).backward();
+  sum(a * 2.0).backward();  // adds into a.grad only
+  CHECK(a.grad().to_vector() == std::vector<double>{3, 3});
+  CHECK(b.grad().to_vector() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("NoGradGuard records nothing", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  Tensor<double> y;
+  {
+    NoGradGuard guard;
+    CHECK_FALSE(is_grad_enabled());
+    y = x * 2.0;
+  }
+  CHECK(is_grad_enabled());
+  CHECK_FALSE(y.requires_grad());
+  CHECK(y.is_leaf());
+  CHECK_THROWS_AS(sum(y).backward(), AutogradError);
+}
+
+TEST_CASE("detach cuts the graph", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  auto y = (x * 2.0).detach();
+  CHECK_FALSE(y.requires_grad());
+  auto z = sum(x * y);
+  z.backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{2, 4});
+}
+
+TEST_CASE("a second backward needs retain_graph", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  auto y = sum(exp(x));
+  y.backward(/*retain_graph=*/true);
+  y.backward();  // allowed: the first call retained the saved tensors
+  CHECK(x.grad().to_vector()[0] == Approx(2 * std::exp(1.0)));
+  CHECK_THROWS_AS(y.backward(), AutogradError);
+  try {
+    y.backward();
+  } catch (const AutogradError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("second time") && Catch::Contains("retain_graph"));
+  }
+}
+
+TEST_CASE("backward frees saved tensors unless retain_graph", "[autograd][memory]") {
+  auto x = Tensor<double>::randn({256, 256}).set_requires_grad();
+  const int64_t base = memory_stats().current_bytes;
+  auto y = sum(exp(x) * 2.0);  // saves exp(x) (512 KiB) in its backward
+  const int64_t with_graph = memory_stats().current_bytes;
+  CHECK(with_graph - base >= 256 * 256 * 8);
+  y.backward();
+  x.zero_grad();
+  CHECK(memory_stats().current_bytes - base < 256 * 256 * 8);
+}
+
+TEST_CASE("backward on a non-scalar without a gradient is an error", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  auto y = x * 2.0;
+  CHECK_THROWS_AS(y.backward(), AutogradError);
+  try {
+    y.backward();
+  } catch (const AutogradError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("non-scalar") && Catch::Contains("float64[2]"));
+  }
+  CHECK_THROWS_AS(y.backward(Tensor<double>::ones({3})), ShapeError);
+}
+
+TEST_CASE("requires_grad only on floating leaves", "[autograd]") {
+  auto i = Tensor<int64_t>::arange(3);
+  CHECK_THROWS_AS(i.set_requires_grad(), DTypeError);
+  auto x = Tensor<double>::from_vector({1.0}).set_requires_grad();
+  auto y = x * 2.0;
+  CHECK_THROWS_AS(y.set_requires_grad(), AutogradError);
+}
+
+TEST_CASE("gradient-ready hooks fire once per leaf after accumulation", "[autograd][hooks]") {
+  auto w1 = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  auto w2 = Tensor<double>::from_vector({3}).set_requires_grad();
+  std::vector<std::string> fired;
+  std::vector<double> seen;
+  w1.register_grad_ready_hook([&](const AnyTensor& p) {
+    fired.push_back("w1");
+    seen.push_back(p.grad().to_double_vector()[0]);
+  });
+  w2.register_grad_ready_hook([&](const AnyTensor&) { fired.push_back("w2"); });
+  // w1 is used twice: its hook must fire once, after both contributions are summed.
+  auto h = w1 * 2.0 + w1;
+  auto y = sum(h * w2);
+  y.backward();
+  REQUIRE(fired.size() == 2);
+  CHECK(std::count(fired.begin(), fired.end(), "w1") == 1);
+  CHECK(seen[0] == 9.0);  // 3 * w2 = 9
+  CHECK_THROWS_AS((w1 * 2.0).register_grad_ready_hook([](const AnyTensor&) {}), AutogradError);
+}
+
+TEST_CASE("multi-output ops: an unused output contributes zeros", "[autograd]") {
+  auto x = Tensor<double>::arange(6).reshape({6}).set_requires_grad();
+  auto parts = split(x, {2, 4});
+  sum(parts[1] * 3.0).backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{0, 0, 3, 3, 3, 3});
+}
+
+TEST_CASE("custom ops recorded with autograd::record", "[autograd][custom]") {
+  // y = x^3 written as a custom op with its own backward.
+  auto cube = [](const AnyTensor& x) {
+    AnyTensor y;
+    {
+      NoGradGuard ng;
+      y = op::mul(op::mul(x, x), x);
+    }
+    AnyTensor saved = x.detach();
+    autograd::record("Cube", {x}, {y}, [saved](const std::vector<AnyTensor>& g) {
+      return std::vector<AnyTensor>{op::mul(g[0], op::mul(op::square(saved), 3.0))};
+    });
+    return y;
+  };
+  auto x = Tensor<double>::from_vector({2.0}).set_requires_grad();
+  Tensor<double>(cube(x)).backward();
+  CHECK(x.grad().item() == 12.0);
+  CHECK(testing::gradcheck([&](const std::vector<AnyTensor>& in) { return cube(in[0]); },
+                           testing::random_inputs({{3, 2}}, 1))
+            .ok);
+}
+
+TEST_CASE("gradcheck harness: a deliberately wrong backward fails it (negative control)", "[autograd][gradcheck]") {
+  auto wrong = [](const AnyTensor& x) {
+    AnyTensor y;
+    {
+      NoGradGuard ng;
+      y = op::mul(x, 2.0);
+    }
+    autograd::record("WrongScale", {x}, {y}, [](const std::vector<AnyTensor>& g) {
+      return std::vector<AnyTensor>{op::mul(g[0], 2.01)};  // should be 2: off by 0.5%, above rtol 1e-3
+    });
+    return y;
+  };
+  for (uint64_t seed : {1, 2, 3}) {
+    auto r = testing::gradcheck([&](const std::vector<AnyTensor>& in) { return wrong(in[0]); },
+                                testing::random_inputs({{4}}, seed));
+    CHECK_FALSE(r.ok);
+    CHECK(r.report.find("analytic") != std::string::npos);
+  }
+  // A backward that drops the gradient of one input also fails.
+  auto forgets = [](const AnyTensor& a, const AnyTensor& b) {
+    AnyTensor y;
+    {
+      NoGradGuard ng;
+      y = op::mul(a, b);
+    }
+    AnyTensor sb = b.detach();
+    autograd::record("ForgetsB", {a, b}, {y}, [sb](const std::vector<AnyTensor>& g) {
+      return std::vector<AnyTensor>{op::mul(g[0], sb), AnyTensor()};
+    });
+    return y;
+  };
+  auto r = testing::gradcheck([&](const std::vector<AnyTensor>& in) { return forgets(in[0], in[1]); },
+                              testing::random_inputs({{3}, {3}}, 4));
+  CHECK_FALSE(r.ok);
+  // And the correct op passes.
+  auto good = testing::gradcheck([](const std::vector<AnyTensor>& in) { return op::mul(in[0], in[1]); },
+                                 testing::random_inputs({{3}, {3}}, 4));
+  CHECK(good.ok);
+}
+
+TEST_CASE("a backward returning a wrongly shaped gradient is reported", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  AnyTensor y;
+  {
+    NoGradGuard ng;
+    y = op::mul(x, 1.0);
+  }
+  autograd::record("BadShape", {x}, {y}, [](const std::vector<AnyTensor>&) {
+    return std::vector<AnyTensor>{Tensor<double>::ones({3})};
+  });
+  CHECK_THROWS_WITH(op::sum(y).backward(), Catch::Contains("BadShape") && Catch::Contains("float64[3]"));
+}
+
+TEST_CASE("conversions are differentiable: to<U>() and clone", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  auto y = sum(x.to<float>().to<double>() * 2.0 + x.clone());
+  y.backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{3, 3});
+  CHECK(testing::gradcheck([](const std::vector<AnyTensor>& in) { return in[0].slice(1, 3).reshape({4}); },
+                           testing::random_inputs({{4, 2}}, 9))
+            .ok);
+}
