@@ -62,6 +62,8 @@ inline AnyTensor embedding(const AnyTensor& weight, const AnyTensor& indices) {
   detail::check_defined("embedding", indices, "indices");
   EMBER_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be [num_embeddings, dim], got ", weight.desc());
   detail::check_index_dtype("embedding", indices);
+  detail::check_same_device("embedding", weight, indices);
+  detail::check_index_range("embedding", indices, weight.shape()[0], weight, 0);
   AnyTensor flat = indices.reshape(Shape{indices.numel()});
   AnyTensor rows = index_select(weight, 0, flat);
   std::vector<int64_t> s = indices.shape().vec();

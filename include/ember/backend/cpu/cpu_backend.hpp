@@ -10,7 +10,7 @@
 
 namespace ember::cpu {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   Device device() const override { return Device::cpu(); }
 
