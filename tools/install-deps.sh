@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs, from Debian/Ubuntu packages, what ember's build, tests, examples and benchmarks need
+# and the machine lacks. Idempotent: installs nothing when everything is there. The CUDA toolkit
+# (nvcc, cuBLAS, cuDNN, NCCL) is not installed here: it comes from NVIDIA; without it ember builds
+# its CPU backend only.
+set -euo pipefail
+packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev libopenblas-dev nlohmann-json3-dev
+          zlib1g-dev python3 python3-sklearn)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "install-deps: CUDA toolkit found; ember builds its CUDA backend"
+else
+  echo "install-deps: no CUDA toolkit (nvcc); ember builds its CPU backend only"
+fi
