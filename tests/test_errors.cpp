@@ -4,39 +4,12 @@
 
 #include <ember/ember.hpp>
 
+#include "pretend_gpu.hpp"
+
 using namespace ember;
 using Catch::Contains;
 
-namespace {
-// Stands in for a second device when there is no GPU: CPU kernels, but it reports itself as
-// cuda:0, so tensors "on cuda:0" exist and device checks can be exercised on any machine.
-class PretendCudaBackend : public cpu::CpuBackend {
- public:
-  Device device() const override { return Device::cuda(0); }
-};
-
-// Installs the pretend device for a scope when no real GPU is present.
-struct PretendGpu {
-  Backend* (*saved_factory)(int) = nullptr;
-  int saved_count = 0;
-  bool active = false;
-  PretendGpu() {
-    if (cuda::is_available()) return;
-    saved_factory = detail::cuda_backend_factory();
-    saved_count = detail::cuda_device_count_slot();
-    register_cuda_backend(
-        [](int) -> Backend* {
-          static PretendCudaBackend b;
-          return &b;
-        },
-        1);
-    active = true;
-  }
-  ~PretendGpu() {
-    if (active) register_cuda_backend(saved_factory, saved_count);
-  }
-};
-}  // namespace
+using testing::PretendGpu;
 
 TEST_CASE("errors: mismatched shapes name the op and both shapes", "[errors]") {
   auto a = Tensor<float>::ones({2, 3});

@@ -222,6 +222,7 @@ class Tensor : public AnyTensor {
   Tensor to(Device d) const { return Tensor(AnyTensor::to(d)); }
   template <Element U>
   Tensor<U> to() const { return Tensor<U>(AnyTensor::to(dtype_of<U>)); }
+  AnyTensor to(DType t) const { return AnyTensor::to(t); }  // runtime dtype: untyped result
   Tensor reshape(const Shape& s) const { return Tensor(AnyTensor::reshape(s)); }
   Tensor reshape(std::initializer_list<int64_t> dims) const { return Tensor(AnyTensor::reshape(dims)); }
   Tensor slice(int64_t begin, int64_t end) const { return Tensor(AnyTensor::slice(begin, end)); }
