@@ -1,0 +1,133 @@
+#pragma once
+// Device memory for CUDA tensors (DESIGN.md decision 7): the stream-ordered allocator
+// (cudaMallocAsync / cudaFreeAsync on the device's ember stream) drawing from the device's default
+// memory pool, whose release threshold is raised to UINT64_MAX so that freed memory stays cached
+// in the pool instead of going back to the driver at every synchronisation. The statistics and
+// the optional limit behave like the host allocator's (backend/cpu/allocator.hpp), so memory
+// behaviour tested on the CPU carries over.
+#include <atomic>
+#include <cstdint>
+
+#include "ember/backend/cuda/runtime.hpp"
+#include "ember/core/backend.hpp"
+
+namespace ember::cuda {
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {
+    DeviceGuard guard(device_);
+    EMBER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
+    uint64_t threshold = UINT64_MAX;
+    EMBER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  void* allocate(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    const int64_t b = static_cast<int64_t>(bytes);
+    const int64_t limit = limit_.load();
+    const int64_t now = current_.fetch_add(b) + b;
+    if (limit >= 0 && now > limit) {
+      current_.fetch_sub(b);
+      throw OutOfMemory(::ember::detail::str_cat("out of memory on cuda:", device_, ": tried to allocate ",
+                                                 format_bytes(b), " (", b, " bytes) with ", format_bytes(now - b),
+                                                 " (", now - b, " bytes) in use and a limit of ", format_bytes(limit),
+                                                 " (", limit, " bytes, set by set_memory_limit)"),
+                        b, now - b, limit);
+    }
+    void* p = nullptr;
+    cudaError_t e;
+    {
+      DeviceGuard guard(device_);
+      e = cudaMallocAsync(&p, bytes, stream_);
+      if (e == cudaErrorMemoryAllocation) {
+        // Let the pool give its unused (possibly fragmented) memory back to the driver and retry
+        // once; memory freed in stream order becomes reusable after the synchronisation.
+        (void)cudaGetLastError();
+        e = cudaStreamSynchronize(stream_);
+        if (e == cudaSuccess) e = cudaMemPoolTrimTo(pool_, 0);
+        if (e == cudaSuccess) e = cudaMallocAsync(&p, bytes, stream_);
+      }
+      if (e != cudaSuccess) {
+        current_.fetch_sub(b);
+        (void)cudaGetLastError();
+        if (e == cudaErrorMemoryAllocation) throw out_of_memory(b, now - b, limit);
+        detail::throw_cuda_error(e, "cudaMallocAsync(&p, bytes, stream)", __FILE__, __LINE__);
+      }
+    }
+    num_allocations_.fetch_add(1);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return p;
+  }
+
+  // Never throws: errors here (for instance the runtime already unloaded at program exit) are
+  // cleared and ignored.
+  void deallocate(void* p, size_t bytes) noexcept {
+    if (p == nullptr) return;
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    if (prev != device_) (void)cudaSetDevice(device_);
+    (void)cudaFreeAsync(p, stream_);
+    if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
+    (void)cudaGetLastError();
+    current_.fetch_sub(static_cast<int64_t>(bytes));
+  }
+
+  MemoryStats stats() const {
+    MemoryStats s;
+    s.current_bytes = current_.load();
+    s.peak_bytes = peak_.load();
+    s.num_allocations = num_allocations_.load();
+    s.limit_bytes = limit_.load();
+    return s;
+  }
+  void reset_peak() { peak_.store(current_.load()); }
+  void set_limit(int64_t bytes) { limit_.store(bytes < 0 ? -1 : bytes); }
+
+  // Bytes the pool holds from the driver (live tensors plus cached free memory).
+  int64_t reserved_bytes() const noexcept {
+    uint64_t v = 0;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return static_cast<int64_t>(v);
+  }
+
+  cudaMemPool_t pool() const { return pool_; }
+
+ private:
+  OutOfMemory out_of_memory(int64_t requested, int64_t in_use, int64_t limit) const {
+    size_t free_b = 0, total_b = 0;
+    std::string device_figures;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      device_figures = ::ember::detail::str_cat(", and the device has ", format_bytes(static_cast<int64_t>(free_b)),
+                                                " free of ", format_bytes(static_cast<int64_t>(total_b)),
+                                                " total (cudaMemGetInfo)");
+    } else {
+      (void)cudaGetLastError();
+    }
+    const int64_t reserved = reserved_bytes();
+    return OutOfMemory(
+        ::ember::detail::str_cat("out of memory on cuda:", device_, ": cudaMallocAsync of ", format_bytes(requested),
+                                 " (", requested, " bytes) failed with ", format_bytes(in_use), " (", in_use,
+                                 " bytes) held by ember tensors on this device",
+                                 reserved >= 0 ? ::ember::detail::str_cat(", ", format_bytes(reserved),
+                                                                          " reserved by its memory pool")
+                                               : std::string(),
+                                 device_figures,
+                                 "; free some tensors, reduce the batch size or use gradient checkpointing"),
+        requested, in_use, limit);
+  }
+
+  int device_;
+  cudaStream_t stream_;
+  cudaMemPool_t pool_ = nullptr;
+  std::atomic<int64_t> current_{0}, peak_{0}, num_allocations_{0}, limit_{-1};
+};
+
+}  // namespace ember::cuda

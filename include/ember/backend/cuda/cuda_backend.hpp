@@ -1,0 +1,470 @@
+#pragma once
+// The CUDA backend: ember::Backend (core/backend.hpp) for one device. Everything runs on the
+// device's ember stream (runtime.hpp), in stream order, so a kernel never needs a synchronisation
+// before the next one; the host waits only where the contract says it must (copy_to_host,
+// synchronize, and a large copy_from_host).
+//
+// Compiled only by nvcc, in the one translation unit ember_cuda.cu, which registers it in the
+// kernel table; everything here has internal linkage (anonymous namespace), so two programs'
+// or two libraries' copies of that translation unit never clash.
+#if defined(__CUDACC__)
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "ember/backend/cuda/allocator.hpp"
+#include "ember/backend/cuda/cublas.hpp"
+#include "ember/backend/cuda/kernels/elementwise.cuh"
+#include "ember/backend/cuda/kernels/index.cuh"
+#include "ember/backend/cuda/kernels/reduce.cuh"
+#include "ember/backend/cuda/kernels/softmax.cuh"
+#include "ember/backend/cuda/runtime.hpp"
+
+namespace ember::cuda_impl {
+namespace {
+
+// ---------------------------------------------------------------- dtype dispatch
+// Every dtype (like ember::dispatch_dtype).
+template <class F>
+void dispatch_all(DType t, F&& f) {
+  dispatch_dtype(t, std::forward<F>(f));
+}
+
+// Floating types only; any other dtype is a DTypeError naming the op, the dtype and the device.
+template <class F>
+void dispatch_floating(DType t, const char* op, int device, F&& f) {
+  switch (t) {
+    case DType::Float32: f(float{}); return;
+    case DType::Float64: f(double{}); return;
+    case DType::Float16: f(half{}); return;
+    case DType::BFloat16: f(bfloat16{}); return;
+    default:
+      throw DTypeError(::ember::detail::str_cat(op, ": unsupported dtype ", dtype_name(t), " on cuda:", device,
+                                                " (float32, float64, float16 and bfloat16 are supported)"));
+  }
+}
+
+// By element size, for kernels that only move elements: f(unsigned integer of that size).
+template <class F>
+void dispatch_bits(DType t, F&& f) {
+  switch (dtype_size(t)) {
+    case 1: f(uint8_t{}); return;
+    case 2: f(uint16_t{}); return;
+    case 4: f(uint32_t{}); return;
+    case 8: f(uint64_t{}); return;
+    default: throw DTypeError(::ember::detail::str_cat("unknown dtype ", static_cast<int>(t), " on cuda"));
+  }
+}
+
+// ---------------------------------------------------------------- pinned staging for uploads
+// copy_from_host must leave the caller free to reuse its buffer on return. Rather than waiting for
+// the stream (which would stall the host behind all queued kernels at every batch upload), small
+// and medium uploads are copied into a pinned staging buffer first; a buffer is reused once the
+// event recorded after its transfer has completed.
+class UploadStaging {
+ public:
+  static constexpr size_t kMaxBytes = size_t{32} << 20;  // larger uploads copy directly and synchronise
+  static constexpr size_t kMaxBuffers = 8;
+
+  // Copies host_src to dst on `stream` through a staging buffer; false when no buffer is available
+  // (the caller then copies directly and synchronises).
+  bool upload(void* dst, const void* host_src, size_t bytes, cudaStream_t stream) {
+    if (bytes > kMaxBytes) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    Buffer* buf = nullptr;
+    for (Buffer& b : buffers_) {
+      if (b.capacity < bytes) continue;
+      cudaError_t q = cudaEventQuery(b.done);
+      if (q == cudaSuccess) {
+        buf = &b;
+        break;
+      }
+      if (q != cudaErrorNotReady) ::ember::cuda::detail::check_cuda(q, "cudaEventQuery(staging)", __FILE__, __LINE__);
+    }
+    if (buf == nullptr) {
+      if (buffers_.size() >= kMaxBuffers) return false;
+      size_t cap = size_t{1} << 16;
+      while (cap < bytes) cap *= 2;
+      Buffer b;
+      if (cudaHostAlloc(&b.ptr, cap, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      b.capacity = cap;
+      EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+      buffers_.push_back(b);
+      buf = &buffers_.back();
+    }
+    std::memcpy(buf->ptr, host_src, bytes);
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, buf->ptr, bytes, cudaMemcpyHostToDevice, stream));
+    EMBER_CUDA_CHECK(cudaEventRecord(buf->done, stream));
+    return true;
+  }
+
+ private:
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::mutex mu_;
+  std::vector<Buffer> buffers_;  // never freed (pinned memory must outlive static destruction)
+};
+
+// ---------------------------------------------------------------- the backend
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device)
+      : device_(device),
+        stream_(::ember::cuda::current_stream(device)),
+        alloc_(device, stream_),
+        sm_count_(::ember::cuda::multiprocessor_count(device)),
+        staging_() {}
+
+  Device device() const override { return Device::cuda(device_); }
+
+  // ---- memory
+  void* allocate(size_t bytes) override { return alloc_.allocate(bytes); }
+  void deallocate(void* p, size_t bytes) noexcept override { alloc_.deallocate(p, bytes); }
+  MemoryStats memory_stats() const override { return alloc_.stats(); }
+  void reset_peak_memory() override { alloc_.reset_peak(); }
+  void set_memory_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
+  void synchronize() override {
+    Guard g(device_);
+    EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // ---- copies
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0 || dst == src) return;
+    Guard g(device_);
+    const char* d = static_cast<const char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    if (d < s + bytes && s < d + bytes) {  // overlapping (memmove semantics): go through a temporary
+      void* tmp = alloc_.allocate(bytes);
+      cudaError_t e = cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_);
+      if (e == cudaSuccess) e = cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, stream_);
+      alloc_.deallocate(tmp, bytes);
+      ::ember::cuda::detail::check_cuda(e, "cudaMemcpyAsync (overlapping copy)", __FILE__, __LINE__);
+      return;
+    }
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    Guard g(device_);
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    Guard g(device_);
+    if (staging_.upload(dst, host_src, bytes, stream_)) return;
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may free host_src on return
+  }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+               size_t rows) override {
+    if (rows == 0 || row_bytes == 0) return;
+    if (rows == 1 || (dst_pitch == row_bytes && src_pitch == row_bytes)) {
+      copy(dst, src, rows == 1 ? row_bytes : row_bytes * rows);
+      return;
+    }
+    Guard g(device_);
+    cudaError_t e = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, stream_);
+    if (e == cudaErrorInvalidPitchValue || e == cudaErrorInvalidValue) {
+      // Pitches beyond what the copy engine takes (cudaDevAttrMaxPitch): one copy per row.
+      (void)cudaGetLastError();
+      for (size_t r = 0; r < rows; ++r)
+        EMBER_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + r * dst_pitch,
+                                         static_cast<const char*>(src) + r * src_pitch, row_bytes,
+                                         cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    ::ember::cuda::detail::check_cuda(e, "cudaMemcpy2DAsync", __FILE__, __LINE__);
+  }
+
+  // ---- fills and conversions
+  void fill(DType t, void* dst, int64_t n, double value) override {
+    if (n <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      using B = typename BitsOf<sizeof(T)>::type;
+      const T v = cpu::from_calc<T>(static_cast<cpu::calc_t<T>>(value));  // converted exactly as the CPU does
+      B bits;
+      std::memcpy(&bits, &v, sizeof(T));
+      if (bits == 0) {
+        EMBER_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(n) * sizeof(T), stream_));
+      } else {
+        fill_kernel<B><<<grid(n), kThreads, 0, stream_>>>(static_cast<B*>(dst), n, bits);
+        EMBER_CUDA_CHECK_LAUNCH();
+      }
+    });
+  }
+  void arange(DType t, void* dst, int64_t n, double start, double step) override {
+    if (n <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      arange_kernel<T><<<grid(n), kThreads, 0, stream_>>>(static_cast<T*>(dst), n, start, step);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void cast(DType st, const void* src, DType dt, void* dst, int64_t n) override {
+    if (n <= 0) return;
+    if (st == dt) {
+      copy(dst, src, static_cast<size_t>(n) * dtype_size(st));
+      return;
+    }
+    Guard g(device_);
+    dispatch_all(st, [&](auto s) {
+      dispatch_all(dt, [&](auto d) {
+        using S = decltype(s);
+        using D = decltype(d);
+        if constexpr (!std::is_same_v<S, D>)
+          cast_kernel<S, D><<<grid(n), kThreads, 0, stream_>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+      });
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) override {
+    if (n <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      random_uniform_kernel<T><<<grid((n + 3) / 4), kThreads, 0, stream_>>>(static_cast<T*>(dst), n, seed, offset, lo,
+                                                                           hi - lo);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void random_normal(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                     double stddev) override {
+    if (n <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      random_normal_kernel<T><<<grid((n + 3) / 4), kThreads, 0, stream_>>>(static_cast<T*>(dst), n, seed, offset, mean,
+                                                                          stddev);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+
+  // ---- elementwise
+  void unary(UnaryOp op, DType t, const void* x, void* out, int64_t n, double a, double b) override {
+    if (n <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      using C = calc_t<T>;
+      unary_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(x), static_cast<T*>(out), n,
+                                                        static_cast<C>(a), static_cast<C>(b));
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void unary_backward(UnaryOp op, DType t, const void* x, const void* y, const void* gy, void* gx, int64_t n, double a,
+                      double b) override {
+    if (n <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      using C = calc_t<T>;
+      unary_backward_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(x), static_cast<const T*>(y),
+                                                                 static_cast<const T*>(gy), static_cast<T*>(gx), n,
+                                                                 static_cast<C>(a), static_cast<C>(b));
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void binary(BinaryOp op, DType t, const void* a, const void* b, void* out, const StridedArgs& args) override {
+    const int64_t n = args.numel();
+    if (n <= 0) return;
+    const Strided s = coalesce(args, 2);
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      binary_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
+                                                         static_cast<T*>(out), s, n);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void compare(CompareOp op, DType t, const void* a, const void* b, uint8_t* out, const StridedArgs& args) override {
+    const int64_t n = args.numel();
+    if (n <= 0) return;
+    const Strided s = coalesce(args, 2);
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      compare_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(a), static_cast<const T*>(b), out,
+                                                          s, n);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void where(DType t, const uint8_t* cond, const void* a, const void* b, void* out, const StridedArgs& args) override {
+    const int64_t n = args.numel();
+    if (n <= 0) return;
+    const Strided s = coalesce(args, 3);
+    Guard g(device_);
+    dispatch_bits(t, [&](auto tag) {
+      using B = decltype(tag);
+      where_kernel<B><<<grid(n), kThreads, 0, stream_>>>(cond, static_cast<const B*>(a), static_cast<const B*>(b),
+                                                        static_cast<B*>(out), s, n);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void strided_copy(DType t, const void* src, void* out, const StridedArgs& args) override {
+    const int64_t n = args.numel();
+    if (n <= 0) return;
+    const Strided s = coalesce(args, 1);
+    if (s.ndim <= 1 && (s.ndim == 0 || s.stride[0][0] == 1)) {  // already contiguous
+      copy(out, src, static_cast<size_t>(n) * dtype_size(t));
+      return;
+    }
+    Guard g(device_);
+    dispatch_bits(t, [&](auto tag) {
+      using B = decltype(tag);
+      strided_copy_kernel<B><<<grid(n), kThreads, 0, stream_>>>(static_cast<const B*>(src), static_cast<B*>(out), s, n);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+
+  // ---- reductions
+  void reduce(ReduceOp op, DType t, const void* x, void* out, int64_t outer, int64_t n, int64_t inner) override {
+    if (outer <= 0 || inner <= 0) return;
+    Guard g(device_);
+    auto workspace = [this](size_t bytes) { return alloc_.allocate(bytes); };
+    auto release = [this](void* p, size_t bytes) { alloc_.deallocate(p, bytes); };
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      const T* xt = static_cast<const T*>(x);
+      switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Mean: {
+          const SumReducer<T> r{op == ReduceOp::Mean ? 1.0 / static_cast<double>(n) : 1.0};
+          launch_reduce(xt, static_cast<T*>(out), outer, n, inner, r, sm_count_, stream_, workspace, release);
+          return;
+        }
+        case ReduceOp::Max:
+        case ReduceOp::Min: {
+          const MaxMinReducer<T> r{op == ReduceOp::Max};
+          launch_reduce(xt, static_cast<T*>(out), outer, n, inner, r, sm_count_, stream_, workspace, release);
+          return;
+        }
+        case ReduceOp::ArgMax:
+        case ReduceOp::ArgMin: {
+          const ArgReducer<T> r{op == ReduceOp::ArgMax};
+          launch_reduce(xt, static_cast<int64_t*>(out), outer, n, inner, r, sm_count_, stream_, workspace, release);
+          return;
+        }
+      }
+      throw ValueError(::ember::detail::str_cat("reduce: unknown op ", static_cast<int>(op), " on cuda:", device_));
+    });
+  }
+  void nonfinite_check(DType t, const void* x, int64_t n, uint8_t* flag) override {
+    if (n <= 0 || !is_floating(t)) return;  // integers are always finite (as on the CPU)
+    Guard g(device_);
+    dispatch_floating(t, "nonfinite_check", device_, [&](auto tag) {
+      using T = decltype(tag);
+      nonfinite_kernel<T><<<grid(n), kThreads, 0, stream_>>>(static_cast<const T*>(x), n, flag);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+
+  void gemm(const GemmArgs& args) override { ::ember::cuda::gemm(device_, args); }
+
+  // ---- softmax
+  void softmax(DType t, const void* x, void* y, int64_t rows, int64_t cols, bool log) override {
+    dispatch_floating(t, log ? "log_softmax" : "softmax", device_, [&](auto tag) {
+      using T = decltype(tag);
+      if (rows <= 0 || cols <= 0) return;
+      Guard g(device_);
+      const SoftmaxLaunch l = softmax_launch(rows, cols, sm_count_);
+      if (l.block_per_row)
+        softmax_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(static_cast<const T*>(x), static_cast<T*>(y), rows,
+                                                                   cols, log);
+      else
+        softmax_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(static_cast<const T*>(x), static_cast<T*>(y), rows,
+                                                                    cols, log);
+      EMBER_CUDA_CHECK_LAUNCH();
+    });
+  }
+  void softmax_backward(DType t, const void* y, const void* gy, void* gx, int64_t rows, int64_t cols,
+                        bool log) override {
+    dispatch_floating(t, log ? "log_softmax_backward" : "softmax_backward", device_, [&](auto tag) {
+      using T = decltype(tag);
+      if (rows <= 0 || cols <= 0) return;
+      Guard g(device_);
+      const SoftmaxLaunch l = softmax_launch(rows, cols, sm_count_);
+      if (l.block_per_row)
+        softmax_backward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(
+            static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols, log);
+      else
+        softmax_backward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(
+            static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols, log);
+      EMBER_CUDA_CHECK_LAUNCH();
+    });
+  }
+
+  // ---- indexing
+  void index_select(DType t, const void* x, const int64_t* idx, void* out, int64_t outer, int64_t src_n,
+                    int64_t idx_n, int64_t inner) override {
+    const int64_t total = outer * idx_n * inner;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_bits(t, [&](auto tag) {
+      using B = decltype(tag);
+      index_select_kernel<B><<<grid(total), kThreads, 0, stream_>>>(static_cast<const B*>(x), idx, static_cast<B*>(out),
+                                                                   src_n, idx_n, inner, total);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void index_add(DType t, const void* gy, const int64_t* idx, void* gx, int64_t outer, int64_t src_n, int64_t idx_n,
+                 int64_t inner) override {
+    const int64_t total = outer * idx_n * inner;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      index_add_kernel<T><<<grid(total), kThreads, 0, stream_>>>(static_cast<const T*>(gy), idx, static_cast<T*>(gx),
+                                                                src_n, idx_n, inner, total);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void gather(DType t, const void* x, const int64_t* idx, void* out, int64_t outer, int64_t src_n, int64_t idx_n,
+              int64_t inner) override {
+    const int64_t total = outer * idx_n * inner;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_bits(t, [&](auto tag) {
+      using B = decltype(tag);
+      gather_kernel<B><<<grid(total), kThreads, 0, stream_>>>(static_cast<const B*>(x), idx, static_cast<B*>(out), src_n,
+                                                             idx_n, inner, total);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void scatter_add(DType t, const void* gy, const int64_t* idx, void* gx, int64_t outer, int64_t src_n,
+                   int64_t idx_n, int64_t inner) override {
+    const int64_t total = outer * idx_n * inner;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_all(t, [&](auto tag) {
+      using T = decltype(tag);
+      scatter_add_kernel<T><<<grid(total), kThreads, 0, stream_>>>(static_cast<const T*>(gy), idx, static_cast<T*>(gx),
+                                                                  src_n, idx_n, inner, total);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+
+ private:
+  using Guard = ::ember::cuda::DeviceGuard;
+  unsigned grid(int64_t n) const { return grid_for(n, sm_count_); }
+
+  int device_;
+  cudaStream_t stream_;
+  ::ember::cuda::DeviceAllocator alloc_;
+  int sm_count_;
+  UploadStaging staging_;
+};
+
+}  // namespace
+}  // namespace ember::cuda_impl
+#endif  // __CUDACC__

@@ -1,0 +1,52 @@
+#pragma once
+// cuDNN (host code): error checks and one handle per device, created on first use and bound to the
+// device's ember stream.
+#include <cudnn.h>
+
+#include <memory>
+#include <mutex>
+
+#include "ember/backend/cuda/runtime.hpp"
+
+namespace ember::cuda {
+
+namespace detail {
+inline void check_cudnn(cudnnStatus_t s, const char* call, const char* file, int line) {
+  if (s != CUDNN_STATUS_SUCCESS) {
+    // cuDNN 9 keeps a more detailed message about the last failure of this thread.
+    char detail_msg[512] = {};
+    cudnnGetLastErrorString(detail_msg, sizeof detail_msg);
+    throw CudnnError(::ember::detail::str_cat("cuDNN error ", static_cast<int>(s), " (", cudnnGetErrorString(s), ")",
+                                              detail_msg[0] ? ::ember::detail::str_cat(": ", detail_msg) : std::string(),
+                                              where_str(call, file, line)));
+  }
+}
+}  // namespace detail
+
+#define EMBER_CUDNN_CHECK(call) ::ember::cuda::detail::check_cudnn((call), #call, __FILE__, __LINE__)
+
+// cuDNN's version at run time (e.g. 91900 for 9.19.0), which may differ from the header's.
+inline size_t cudnn_runtime_version() { return cudnnGetVersion(); }
+
+// The cuDNN handle of a device, bound to current_stream(device). Never destroyed (it must outlive
+// static destruction, when the driver may already be gone).
+inline cudnnHandle_t cudnn_handle(int device) {
+  detail::check_device_index(device, "cudnn_handle");
+  struct Slot {
+    std::once_flag once;
+    cudnnHandle_t handle = nullptr;
+  };
+  static Slot* const slots = new Slot[static_cast<size_t>(runtime_device_count() > 0 ? runtime_device_count() : 1)];  // never freed
+  Slot& s = slots[static_cast<size_t>(device)];
+  std::call_once(s.once, [&] {
+    cudaStream_t stream = current_stream(device);
+    DeviceGuard guard(device);
+    cudnnHandle_t h = nullptr;
+    EMBER_CUDNN_CHECK(cudnnCreate(&h));
+    EMBER_CUDNN_CHECK(cudnnSetStream(h, stream));
+    s.handle = h;
+  });
+  return s.handle;
+}
+
+}  // namespace ember::cuda

@@ -1,0 +1,44 @@
+// The CUDA backend's one translation unit (DESIGN.md decision 3). Compiled by nvcc into every
+// program that links ember::cuda; at start-up it fills ember's kernel table
+// (ember::register_cuda_backend, core/backend.hpp) so that every other translation unit, compiled
+// by any C++20 compiler, reaches the CUDA kernels through ember::backend_for(Device::cuda(i)).
+//
+// Start-up only asks the runtime for the device count (no GPU or no driver: zero devices, and the
+// backend is still registered so that ember::cuda::is_compiled() is true). A device's stream,
+// memory pool, cuBLAS handle and backend object are created on its first use.
+#include <ember/core/tensor.hpp>
+
+#include <mutex>
+
+#include "ember/backend/cuda/allocator.hpp"
+#include "ember/backend/cuda/cublas.hpp"
+#include "ember/backend/cuda/cuda_backend.hpp"
+#include "ember/backend/cuda/cudnn.hpp"
+#include "ember/backend/cuda/nccl.hpp"
+#include "ember/backend/cuda/runtime.hpp"
+
+namespace ember::cuda_impl {
+namespace {
+
+Backend* backend_for_device(int device) {
+  const int count = ::ember::cuda::runtime_device_count();
+  EMBER_CHECK(device >= 0 && device < count, DeviceError, "device cuda:", device, " requested but ", count,
+              " CUDA device(s) are available");
+  struct Slot {
+    std::once_flag once;
+    CudaBackend* backend = nullptr;
+  };
+  // Never freed: tensors destroyed during static destruction still deallocate through their backend.
+  static Slot* const slots = new Slot[static_cast<size_t>(count)];
+  Slot& s = slots[device];
+  std::call_once(s.once, [&] { s.backend = new CudaBackend(device); });
+  return s.backend;
+}
+
+struct Registrar {
+  Registrar() { register_cuda_backend(&backend_for_device, ::ember::cuda::runtime_device_count()); }
+};
+const Registrar registrar;
+
+}  // namespace
+}  // namespace ember::cuda_impl

@@ -1,0 +1,128 @@
+#pragma once
+// Fills, conversions, random numbers and elementwise kernels. Each computes exactly what the CPU
+// reference (backend/cpu/elementwise.hpp) computes: the same scalar code (elementwise_math.hpp),
+// the same arithmetic type, and explicit round-to-nearest double operations (__dadd_rn /
+// __dmul_rn) where nvcc would otherwise fuse a multiply and an add that the CPU rounds separately.
+#if defined(__CUDACC__)
+#include "ember/backend/cuda/kernels/common.cuh"
+
+namespace ember::cuda_impl {
+namespace {
+
+// B: an unsigned integer of the element's size; v: the element's bits, converted on the host.
+template <class B>
+__global__ void fill_kernel(B* __restrict__ dst, int64_t n, B v) {
+  EMBER_GRID_STRIDE_LOOP(i, n) dst[i] = v;
+}
+
+template <class T>
+__global__ void arange_kernel(T* __restrict__ dst, int64_t n, double start, double step) {
+  EMBER_GRID_STRIDE_LOOP(i, n) dst[i] = from_double<T>(__dadd_rn(start, __dmul_rn(step, static_cast<double>(i))));
+}
+
+template <class S, class D>
+__global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
+  EMBER_GRID_STRIDE_LOOP(i, n) dst[i] = from_calc<D>(static_cast<calc_t<D>>(to_calc<S>(src[i])));
+}
+
+// One thread per Philox block of four numbers (element i uses block offset + i/4, lane i%4; see
+// core/random.hpp, whose per-element formulas these reproduce).
+template <class T>
+__global__ void random_uniform_kernel(T* __restrict__ dst, int64_t n, uint64_t seed, uint64_t offset, double lo,
+                                      double range) {
+  const int64_t blocks = (n + 3) / 4;
+  EMBER_GRID_STRIDE_LOOP(b, blocks) {
+    const detail::Philox4x32 r = detail::philox4x32_10(seed, offset + static_cast<uint64_t>(b));
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t i = 4 * b + lane;
+      if (i < n) {
+        const float u = static_cast<float>(r.v[lane] >> 8) * 5.9604644775390625e-8f;
+        dst[i] = from_double<T>(__dadd_rn(lo, __dmul_rn(range, static_cast<double>(u))));
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void random_normal_kernel(T* __restrict__ dst, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                                     double stddev) {
+  const int64_t blocks = (n + 3) / 4;
+  EMBER_GRID_STRIDE_LOOP(b, blocks) {
+    const detail::Philox4x32 r = detail::philox4x32_10(seed, offset + static_cast<uint64_t>(b));
+#pragma unroll
+    for (int pair = 0; pair < 4; pair += 2) {
+      const int64_t i = 4 * b + pair;
+      if (i < n) {
+        // Box-Muller over lanes (pair, pair + 1), as detail::philox_normal.
+        const double u1 = (static_cast<double>(r.v[pair] >> 8) + 1.0) * 5.9604644775390625e-8;
+        const double u2 = static_cast<double>(r.v[pair + 1] >> 8) * 5.9604644775390625e-8;
+        const double rad = sqrt(-2.0 * log(u1));
+        const double theta = 6.283185307179586 * u2;
+        dst[i] = from_double<T>(__dadd_rn(mean, __dmul_rn(stddev, __dmul_rn(rad, cos(theta)))));
+        if (i + 1 < n) dst[i + 1] = from_double<T>(__dadd_rn(mean, __dmul_rn(stddev, __dmul_rn(rad, sin(theta)))));
+      }
+    }
+  }
+}
+
+// out may alias x.
+template <class T>
+__global__ void unary_kernel(UnaryOp op, const T* x, T* out, int64_t n, calc_t<T> a, calc_t<T> b) {
+  using C = calc_t<T>;
+  EMBER_GRID_STRIDE_LOOP(i, n) out[i] = from_calc<T>(math::unary<C>(op, to_calc<T>(x[i]), a, b));
+}
+
+// x or y may be null for ops whose derivative does not read them (they read as 0, as on the CPU).
+template <class T>
+__global__ void unary_backward_kernel(UnaryOp op, const T* x, const T* y, const T* gy, T* gx, int64_t n, calc_t<T> a,
+                                      calc_t<T> b) {
+  using C = calc_t<T>;
+  EMBER_GRID_STRIDE_LOOP(i, n) {
+    const C xv = x ? to_calc<T>(x[i]) : C(0);
+    const C yv = y ? to_calc<T>(y[i]) : C(0);
+    gx[i] = from_calc<T>(to_calc<T>(gy[i]) * math::unary_derivative<C>(op, xv, yv, a, b));
+  }
+}
+
+template <class T>
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, Strided s, int64_t n) {
+  using C = calc_t<T>;
+  for_each_strided<2>(s, n, [&](int64_t o, const int64_t (&off)[2]) {
+    out[o] = from_calc<T>(math::binary<C>(op, to_calc<T>(a[off[0]]), to_calc<T>(b[off[1]])));
+  });
+}
+
+template <class T>
+__global__ void compare_kernel(CompareOp op, const T* a, const T* b, uint8_t* out, Strided s, int64_t n) {
+  using C = calc_t<T>;
+  for_each_strided<2>(s, n, [&](int64_t o, const int64_t (&off)[2]) {
+    out[o] = math::compare<C>(op, to_calc<T>(a[off[0]]), to_calc<T>(b[off[1]])) ? 1 : 0;
+  });
+}
+
+template <class B>
+__global__ void where_kernel(const uint8_t* cond, const B* a, const B* b, B* out, Strided s, int64_t n) {
+  for_each_strided<3>(s, n, [&](int64_t o, const int64_t (&off)[3]) { out[o] = cond[off[2]] ? a[off[0]] : b[off[1]]; });
+}
+
+template <class B>
+__global__ void strided_copy_kernel(const B* src, B* out, Strided s, int64_t n) {
+  for_each_strided<1>(s, n, [&](int64_t o, const int64_t (&off)[1]) { out[o] = src[off[0]]; });
+}
+
+// Sets *flag = 1 when an element is inf or nan (never clears it). Floating types only.
+template <class T>
+__global__ void nonfinite_kernel(const T* __restrict__ x, int64_t n, uint8_t* flag) {
+  using C = calc_t<T>;
+  bool bad = false;
+  EMBER_GRID_STRIDE_LOOP(i, n) {
+    const C v = to_calc<T>(x[i]);
+    bad |= !(v - v == C(0));  // false for inf and nan
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+}  // namespace
+}  // namespace ember::cuda_impl
+#endif  // __CUDACC__
