@@ -30,9 +30,12 @@ struct GradCheckOptions {
 
 using GradFn = std::function<AnyTensor(const std::vector<AnyTensor>&)>;
 
-inline GradCheckResult gradcheck(const GradFn& f, const std::vector<AnyTensor>& inputs, GradCheckOptions opt = {}) {
+// `params` are leaves that f uses by itself (a module's parameters, float64 on the cpu): they are
+// checked too, after the inputs, and perturbed in place.
+inline GradCheckResult gradcheck(const GradFn& f, const std::vector<AnyTensor>& inputs,
+                                 const std::vector<AnyTensor>& params, GradCheckOptions opt = {}) {
   GradCheckResult res;
-  std::vector<AnyTensor> xs;
+  std::vector<AnyTensor> xs, args;
   for (const AnyTensor& in : inputs) {
     EMBER_CHECK(in.dtype() == DType::Float64 && in.device().is_cpu(), DTypeError,
                 "gradcheck: inputs must be float64 on the cpu, got ", in.desc());
@@ -40,17 +43,23 @@ inline GradCheckResult gradcheck(const GradFn& f, const std::vector<AnyTensor>& 
     x.set_requires_grad(true);
     xs.push_back(x);
   }
+  args = xs;
+  for (const AnyTensor& p : params) {
+    EMBER_CHECK(p.dtype() == DType::Float64 && p.device().is_cpu() && p.is_leaf() && p.requires_grad(), DTypeError,
+                "gradcheck: parameters must be float64 leaves on the cpu that require grad, got ", p.desc());
+    xs.push_back(p);
+  }
   Generator gen(opt.seed);
   // Fixed weights that turn the output into a scalar.
   AnyTensor y0;
   {
     NoGradGuard ng;
-    y0 = f(xs);
+    y0 = f(args);
   }
   AnyTensor w = Tensor<double>::randn(y0.shape(), Device::cpu(), 0.0, 1.0, gen);
   auto loss_value = [&]() {
     NoGradGuard ng;
-    AnyTensor y = f(xs);
+    AnyTensor y = f(args);
     const double* yp = static_cast<const double*>(y.data_ptr());
     const double* wp = static_cast<const double*>(w.data_ptr());
     double s = 0;
@@ -64,7 +73,7 @@ inline GradCheckResult gradcheck(const GradFn& f, const std::vector<AnyTensor>& 
     prefill.push_back(g0);
     x.set_grad(g0.clone());
   }
-  AnyTensor y = f(xs);
+  AnyTensor y = f(args);
   AnyTensor loss = op::sum(op::mul(y, w));
   loss.backward();
 
@@ -105,6 +114,10 @@ inline GradCheckResult gradcheck(const GradFn& f, const std::vector<AnyTensor>& 
   return res;
 }
 
+inline GradCheckResult gradcheck(const GradFn& f, const std::vector<AnyTensor>& inputs, GradCheckOptions opt = {}) {
+  return gradcheck(f, inputs, {}, opt);
+}
+
 // Fresh double inputs of the given shapes, values in [lo, hi), from a seed.
 inline std::vector<AnyTensor> random_inputs(const std::vector<Shape>& shapes, uint64_t seed, double lo = -1.0,
                                             double hi = 1.0) {
@@ -123,4 +136,14 @@ inline std::vector<AnyTensor> random_inputs(const std::vector<Shape>& shapes, ui
     INFO(_gc.report);                                                     \
     CHECK(_gc.checked > 0);                                               \
     CHECK(_gc.ok);                                                        \
+  } while (0)
+
+// CHECK_MODULE_GRADIENTS(f, inputs, module): also checks the module's parameters (which must
+// be float64: module.to(DType::Float64)).
+#define CHECK_MODULE_GRADIENTS(f, inputs, module)                             \
+  do {                                                                        \
+    auto _gc = ::ember::testing::gradcheck((f), (inputs), (module).parameters()); \
+    INFO(_gc.report);                                                         \
+    CHECK(_gc.checked > 0);                                                   \
+    CHECK(_gc.ok);                                                            \
   } while (0)

@@ -18,3 +18,5 @@
 #include "ember/autograd/node.hpp"
 
 #include "ember/ops/ops.hpp"
+
+#include "ember/nn/nn.hpp"
