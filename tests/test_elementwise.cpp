@@ -1,0 +1,672 @@
+// Elementwise ops (ops/elementwise.hpp) and comparisons / where (ops/compare.hpp): finite-difference
+// gradient checks in double with broadcasting, forward values against plain-loop references,
+// fp16/bf16 against fp32, and negative controls that prove the gradient check can fail.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradcheck.hpp"
+
+using namespace ember;
+using ember::testing::gradcheck;
+using ember::testing::random_inputs;
+
+namespace {
+
+AnyTensor dt(const std::vector<double>& v, const Shape& s) { return Tensor<double>::from_vector(v, s); }
+std::vector<double> vals(const AnyTensor& t) { return t.to_double_vector(); }
+
+// Element-by-element |got - want| <= atol + rtol * |want|; equal values (infinities) always pass.
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol, double atol = 0.0) {
+  REQUIRE(got.size() == want.size());
+  int bad = 0;
+  std::ostringstream rep;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    const double err = std::fabs(got[i] - want[i]);
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+      if (bad++ < 5) rep << "element " << i << ": got " << got[i] << " want " << want[i] << "\n";
+    }
+  }
+  INFO(rep.str());
+  CHECK(bad == 0);
+}
+
+// Flat index into a tensor of shape `in` read at flat output index `o` of shape `out` (NumPy rules).
+int64_t bcast_index(const Shape& out, const Shape& in, int64_t o) {
+  int64_t idx = 0, stride = 1;
+  for (int d = out.dim() - 1; d >= 0; --d) {
+    const int64_t i = o % out[d];
+    o /= out[d];
+    const int j = d - (out.dim() - in.dim());
+    if (j >= 0) {
+      if (in[j] != 1) idx += i * stride;
+      stride *= in[j];
+    }
+  }
+  return idx;
+}
+
+Shape bcast_shape(const Shape& a, const Shape& b) {
+  const int n = std::max(a.dim(), b.dim());
+  std::vector<int64_t> s(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const int ia = a.dim() - n + i, ib = b.dim() - n + i;
+    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    s[static_cast<size_t>(i)] = da == 1 ? db : da;
+  }
+  return Shape(s);
+}
+
+// Moves every element of a double tensor at least `margin` away from each point (kinks of abs,
+// relu, clamp; the pole of reciprocal).
+void push_away(const AnyTensor& x, std::vector<double> points, double margin) {
+  double* p = static_cast<double*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i)
+    for (double c : points)
+      if (std::fabs(p[i] - c) < margin) p[i] = c + (p[i] >= c ? margin : -margin);
+}
+
+AnyTensor rand1(const Shape& s, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  return random_inputs({s}, seed, lo, hi)[0];
+}
+
+void check_grad(const ember::testing::GradFn& f, const std::vector<AnyTensor>& inputs) {
+  CHECK_GRADIENTS(f, inputs);
+}
+
+using UFn = std::function<AnyTensor(const AnyTensor&)>;
+
+// Gradient check of a unary op on [2,3,4] and on a 0-d tensor, inputs in [lo, hi), kinks avoided.
+void check_unary_grad(const UFn& fn, uint64_t seed, double lo, double hi, std::vector<double> kinks = {}) {
+  for (const Shape& s : {Shape{2, 3, 4}, Shape{}}) {
+    INFO("shape " << s.str());
+    AnyTensor x = rand1(s, seed, lo, hi);
+    if (!kinks.empty()) push_away(x, kinks, 0.05);
+    check_grad([&](const std::vector<AnyTensor>& in) { return fn(in[0]); }, {x});
+  }
+}
+
+// Inputs a, b where no broadcast pair is within 0.01 of each other (maximum/minimum are not
+// differentiable at ties).
+std::vector<AnyTensor> distinct_pair(const Shape& sa, const Shape& sb, uint64_t seed) {
+  const Shape os = bcast_shape(sa, sb);
+  for (uint64_t s = seed;; s += 1000) {
+    std::vector<AnyTensor> in = random_inputs({sa, sb}, s);
+    std::vector<double> a = vals(in[0]), b = vals(in[1]);
+    bool ok = true;
+    for (int64_t o = 0; o < os.numel() && ok; ++o)
+      ok = std::fabs(a[static_cast<size_t>(bcast_index(os, sa, o))] - b[static_cast<size_t>(bcast_index(os, sb, o))]) > 0.01;
+    if (ok) return in;
+  }
+}
+
+const std::vector<std::pair<Shape, Shape>>& broadcast_cases() {
+  static const std::vector<std::pair<Shape, Shape>> cases = {
+      {Shape{3, 1, 4}, Shape{2, 4}}, {Shape{}, Shape{2, 3}}, {Shape{2, 3}, Shape{}},
+      {Shape{2, 3}, Shape{2, 3}},    {Shape{4, 1}, Shape{1, 5}}, {Shape{2, 1, 3}, Shape{2, 4, 1}},
+  };
+  return cases;
+}
+
+using BFn = std::function<AnyTensor(const AnyTensor&, const AnyTensor&)>;
+
+// Gradient check of a binary op over all broadcast cases; b in [blo, bhi).
+void check_binary_grad(const BFn& fn, uint64_t seed, double alo, double ahi, double blo, double bhi) {
+  for (const auto& [sa, sb] : broadcast_cases()) {
+    INFO("shapes " << sa.str() << " and " << sb.str());
+    AnyTensor a = rand1(sa, seed, alo, ahi), b = rand1(sb, seed + 77, blo, bhi);
+    check_grad([&](const std::vector<AnyTensor>& in) { return fn(in[0], in[1]); }, {a, b});
+  }
+}
+
+}  // namespace
+
+// ================================================================ gradient checks: binary ops
+
+TEST_CASE("add float64 gradcheck broadcast [3,1,4]+[2,4], []+[2,3], [4,1]+[1,5]", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  INFO("seed " << seed);
+  check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::add(a, b); }, seed, -1, 1, -1, 1);
+}
+
+TEST_CASE("sub float64 gradcheck broadcast", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  INFO("seed " << seed);
+  check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::sub(a, b); }, seed, -1, 1, -1, 1);
+}
+
+TEST_CASE("mul float64 gradcheck broadcast", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  INFO("seed " << seed);
+  check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::mul(a, b); }, seed, -1, 1, -1, 1);
+}
+
+TEST_CASE("div float64 gradcheck broadcast (divisor in [0.5,2))", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  INFO("seed " << seed);
+  check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::div(a, b); }, seed, -1, 1, 0.5, 2.0);
+  check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::div(a, b); }, seed, -1, 1, -2.0, -0.5);
+}
+
+TEST_CASE("pow float64 gradcheck tensor^tensor broadcast (base in [0.5,2))", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  INFO("seed " << seed);
+  check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::pow(a, b); }, seed, 0.5, 2.0, -1.5, 2.5);
+}
+
+TEST_CASE("maximum float64 gradcheck broadcast distinct values", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  INFO("seed " << seed);
+  for (const auto& [sa, sb] : broadcast_cases()) {
+    INFO("shapes " << sa.str() << " and " << sb.str());
+    check_grad([](const std::vector<AnyTensor>& in) { return op::maximum(in[0], in[1]); }, distinct_pair(sa, sb, seed));
+  }
+}
+
+TEST_CASE("minimum float64 gradcheck broadcast distinct values", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  INFO("seed " << seed);
+  for (const auto& [sa, sb] : broadcast_cases()) {
+    INFO("shapes " << sa.str() << " and " << sb.str());
+    check_grad([](const std::vector<AnyTensor>& in) { return op::minimum(in[0], in[1]); }, distinct_pair(sa, sb, seed));
+  }
+}
+
+TEST_CASE("maximum and minimum float64 ties split the gradient evenly", "[elementwise][grad]") {
+  AnyTensor a = dt({1, 2, 3}, {3}), b = dt({1, 5, 0}, {3});
+  a.set_requires_grad();
+  b.set_requires_grad();
+  op::sum(op::add(op::maximum(a, b), op::mul(op::minimum(a, b), 10.0))).backward();
+  // maximum: tie -> 0.5 each, b wins, a wins; minimum (x10): tie -> 5 each, a wins, b wins.
+  check_close(vals(a.grad()), {0.5 + 5, 10, 1}, 0, 1e-12);
+  check_close(vals(b.grad()), {0.5 + 5, 1, 10}, 0, 1e-12);
+}
+
+TEST_CASE("binary float64 gradcheck: only one input requires grad", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  AnyTensor c = rand1({2, 4}, seed + 5, 0.5, 1.5);  // constant, no grad
+  AnyTensor x = rand1({3, 1, 4}, seed, 0.5, 1.5);
+  check_grad([&](const std::vector<AnyTensor>& in) { return op::div(c, in[0]); }, {x});
+  check_grad([&](const std::vector<AnyTensor>& in) { return op::pow(in[0], c); }, {x});
+  check_grad([&](const std::vector<AnyTensor>& in) { return op::pow(c, in[0]); }, {x});
+}
+
+TEST_CASE("composite float64 gradcheck: an input used several times (x*y + exp(x) - x/y)", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  AnyTensor x = rand1({2, 3}, seed), y = rand1({3}, seed + 9, 0.5, 1.5);
+  check_grad(
+      [](const std::vector<AnyTensor>& in) {
+        return op::sub(op::add(op::mul(in[0], in[1]), op::exp(in[0])), op::div(in[0], in[1]));
+      },
+      {x, y});
+}
+
+// ================================================================ gradient checks: unary ops
+
+TEST_CASE("neg float64 gradcheck", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::neg(x); }, seed, -1, 1);
+}
+TEST_CASE("exp float64 gradcheck", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::exp(x); }, seed, -2, 2);
+}
+TEST_CASE("log float64 gradcheck positive inputs", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::log(x); }, seed, 0.2, 3);
+}
+TEST_CASE("sqrt float64 gradcheck positive inputs", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::sqrt(x); }, seed, 0.2, 3);
+}
+TEST_CASE("pow float64 gradcheck tensor^scalar", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  for (double e : {2.0, 3.0, 0.5, -1.5, 1.0, 0.0}) {
+    INFO("exponent " << e);
+    check_unary_grad([e](const AnyTensor& x) { return op::pow(x, e); }, seed, 0.3, 2);
+  }
+  INFO("integer exponents on negative bases");
+  check_unary_grad([](const AnyTensor& x) { return op::pow(x, 2.0); }, seed, -2, 2);
+  check_unary_grad([](const AnyTensor& x) { return op::pow(x, 3.0); }, seed, -2, 2);
+}
+TEST_CASE("abs float64 gradcheck away from 0", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::abs(x); }, seed, -1, 1, {0.0});
+}
+TEST_CASE("clamp float64 gradcheck [-0.5,0.5] inputs away from the bounds", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::clamp(x, -0.5, 0.5); }, seed, -1, 1, {-0.5, 0.5});
+}
+TEST_CASE("relu float64 gradcheck away from 0", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::relu(x); }, seed, -1, 1, {0.0});
+}
+TEST_CASE("gelu float64 gradcheck exact (erf)", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::gelu(x); }, seed, -3, 3);
+}
+TEST_CASE("gelu float64 gradcheck tanh approximation", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::gelu(x, true); }, seed, -3, 3);
+}
+TEST_CASE("silu float64 gradcheck", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::silu(x); }, seed, -4, 4);
+}
+TEST_CASE("tanh float64 gradcheck", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::tanh(x); }, seed, -2, 2);
+}
+TEST_CASE("sigmoid float64 gradcheck", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::sigmoid(x); }, seed, -4, 4);
+}
+TEST_CASE("square float64 gradcheck", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::square(x); }, seed, -2, 2);
+}
+TEST_CASE("reciprocal float64 gradcheck away from 0", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::reciprocal(x); }, seed, -2, 2, {0.0});
+}
+TEST_CASE("sign float64 gradient is zero away from 0", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  check_unary_grad([](const AnyTensor& x) { return op::sign(x); }, seed, -1, 1, {0.0});
+}
+
+TEST_CASE("scalar ops float64 gradcheck x*2, 2*x, x+3, 3+x, x-1.5, 1-x, x/4, 2/x, -x", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  using T = Tensor<double>;
+  const std::vector<std::pair<const char*, std::function<T(const T&)>>> cases = {
+      {"x*2.0", [](const T& x) { return x * 2.0; }},  {"2.0*x", [](const T& x) { return 2.0 * x; }},
+      {"x+3.0", [](const T& x) { return x + 3.0; }},  {"3.0+x", [](const T& x) { return 3.0 + x; }},
+      {"x-1.5", [](const T& x) { return x - 1.5; }},  {"1.0-x", [](const T& x) { return 1.0 - x; }},
+      {"x/4.0", [](const T& x) { return x / 4.0; }},  {"2.0/x", [](const T& x) { return 2.0 / x; }},
+      {"-x", [](const T& x) { return -x; }},
+  };
+  for (const auto& [name, fn] : cases) {
+    INFO(name);
+    check_unary_grad([&fn](const AnyTensor& x) -> AnyTensor { return fn(T(x)); }, seed, -2, 2, {0.0});
+  }
+}
+
+TEST_CASE("tensor operators float64 gradcheck a+b, a-b, a*b, a/b broadcast [3,1,4] with [2,4]", "[elementwise][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  using T = Tensor<double>;
+  AnyTensor a = rand1({3, 1, 4}, seed), b = rand1({2, 4}, seed + 3, 0.5, 1.5);
+  check_grad([](const std::vector<AnyTensor>& in) -> AnyTensor { return T(in[0]) + T(in[1]); }, {a, b});
+  check_grad([](const std::vector<AnyTensor>& in) -> AnyTensor { return T(in[0]) - T(in[1]); }, {a, b});
+  check_grad([](const std::vector<AnyTensor>& in) -> AnyTensor { return T(in[0]) * T(in[1]); }, {a, b});
+  check_grad([](const std::vector<AnyTensor>& in) -> AnyTensor { return T(in[0]) / T(in[1]); }, {a, b});
+}
+
+TEST_CASE("where float64 gradcheck: grads to both branches, broadcast condition", "[elementwise][compare][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  // condition [3,1,4] against a [2,4] and b [] (and the reverse arrangement).
+  AnyTensor c1 = op::gt(rand1({3, 1, 4}, seed + 11), AnyTensor::zeros({}, DType::Float64));
+  AnyTensor a = rand1({2, 4}, seed), b = rand1({}, seed + 1);
+  check_grad([&](const std::vector<AnyTensor>& in) { return op::where(c1, in[0], in[1]); }, {a, b});
+  AnyTensor c2 = op::gt(rand1({2, 1}, seed + 12), AnyTensor::zeros({}, DType::Float64));
+  AnyTensor a2 = rand1({3}, seed + 2), b2 = rand1({2, 3}, seed + 3);
+  check_grad([&](const std::vector<AnyTensor>& in) { return op::where(c2, in[0], in[1]); }, {a2, b2});
+}
+
+TEST_CASE("where float64 gradient values: mask to a, complement to b", "[elementwise][compare][grad]") {
+  AnyTensor cond = Tensor<uint8_t>::from_vector({1, 0, 1}, {3});
+  AnyTensor a = dt({1, 2, 3, 4, 5, 6}, {2, 3}), b = dt({7}, {});
+  a.set_requires_grad();
+  b.set_requires_grad();
+  AnyTensor y = op::where(cond, a, b);
+  check_close(vals(y), {1, 7, 3, 4, 7, 6}, 0);
+  op::sum(y).backward();
+  check_close(vals(a.grad()), {1, 0, 1, 1, 0, 1}, 0);
+  check_close(vals(b.grad()), {2}, 0);
+}
+
+// ================================================================ forward values
+
+TEST_CASE("add float64 broadcast [3,1,4]+[2,4] known values", "[elementwise][forward]") {
+  std::vector<double> av(12), bv(8);
+  for (int i = 0; i < 12; ++i) av[static_cast<size_t>(i)] = 100.0 * i;
+  for (int i = 0; i < 8; ++i) bv[static_cast<size_t>(i)] = i;
+  AnyTensor y = op::add(dt(av, {3, 1, 4}), dt(bv, {2, 4}));
+  REQUIRE(y.shape() == Shape{3, 2, 4});
+  std::vector<double> want;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 4; ++k) want.push_back(100.0 * (i * 4 + k) + (j * 4 + k));
+  check_close(vals(y), want, 0);
+}
+
+namespace {
+struct BinaryCase {
+  const char* name;
+  BinaryOp op;
+  std::function<double(double, double)> ref;
+  double blo, bhi;
+};
+const std::vector<BinaryCase>& binary_cases() {
+  static const std::vector<BinaryCase> c = {
+      {"add", BinaryOp::Add, [](double a, double b) { return a + b; }, -2, 2},
+      {"sub", BinaryOp::Sub, [](double a, double b) { return a - b; }, -2, 2},
+      {"mul", BinaryOp::Mul, [](double a, double b) { return a * b; }, -2, 2},
+      {"div", BinaryOp::Div, [](double a, double b) { return a / b; }, 0.5, 2},
+      {"pow", BinaryOp::Pow, [](double a, double b) { return std::pow(a, b); }, -2, 2},
+      {"maximum", BinaryOp::Maximum, [](double a, double b) { return a > b ? a : b; }, -2, 2},
+      {"minimum", BinaryOp::Minimum, [](double a, double b) { return a < b ? a : b; }, -2, 2},
+  };
+  return c;
+}
+
+void check_binary_forward(DType t, double rtol, double atol) {
+  for (const BinaryCase& bc : binary_cases()) {
+    for (const auto& [sa, sb] : broadcast_cases()) {
+      INFO(bc.name << " " << dtype_name(t) << " " << sa.str() << " with " << sb.str());
+      const double alo = bc.op == BinaryOp::Pow ? 0.25 : -2;
+      AnyTensor a = rand1(sa, 5, alo, 2).to(t), b = rand1(sb, 6, bc.blo, bc.bhi).to(t);
+      AnyTensor y = op::binary(bc.op, a, b);
+      const Shape os = bcast_shape(sa, sb);
+      REQUIRE(y.shape() == os);
+      REQUIRE(y.dtype() == t);
+      std::vector<double> av = vals(a), bv = vals(b), want(static_cast<size_t>(os.numel()));
+      for (int64_t o = 0; o < os.numel(); ++o)
+        want[static_cast<size_t>(o)] =
+            bc.ref(av[static_cast<size_t>(bcast_index(os, sa, o))], bv[static_cast<size_t>(bcast_index(os, sb, o))]);
+      check_close(vals(y), want, rtol, atol);
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("binary ops float64 forward vs loop reference, all broadcast cases", "[elementwise][forward]") {
+  check_binary_forward(DType::Float64, 1e-14, 0);
+}
+TEST_CASE("binary ops float32 forward vs loop reference, all broadcast cases", "[elementwise][forward]") {
+  check_binary_forward(DType::Float32, 1e-6, 1e-7);
+}
+
+TEST_CASE("binary ops int32 and int64 forward broadcast [2,1]+[3]", "[elementwise][forward]") {
+  for (DType t : {DType::Int32, DType::Int64}) {
+    INFO(dtype_name(t));
+    AnyTensor a = dt({10, -20}, {2, 1}).to(t), b = dt({1, 2, 3}, {3}).to(t);
+    AnyTensor s = op::add(a, b), d = op::sub(a, b), m = op::mul(a, b), mx = op::maximum(a, b);
+    REQUIRE(s.dtype() == t);
+    check_close(vals(s), {11, 12, 13, -19, -18, -17}, 0);
+    check_close(vals(d), {9, 8, 7, -21, -22, -23}, 0);
+    check_close(vals(m), {10, 20, 30, -20, -40, -60}, 0);
+    check_close(vals(mx), {10, 10, 10, 1, 2, 3}, 0);
+    check_close(vals(op::abs(a)), {10, 20}, 0);
+    check_close(vals(op::neg(a)), {-10, 20}, 0);
+    check_close(vals(op::relu(a)), {10, 0}, 0);
+    CHECK_THROWS_AS(op::exp(a), DTypeError);
+  }
+}
+
+namespace {
+struct UnaryCase {
+  const char* name;
+  UFn fn;
+  std::function<double(double)> ref;
+  double lo, hi;
+};
+double gelu_ref(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+}
+const std::vector<UnaryCase>& unary_cases() {
+  static const std::vector<UnaryCase> c = {
+      {"neg", [](const AnyTensor& x) { return op::neg(x); }, [](double x) { return -x; }, -3, 3},
+      {"exp", [](const AnyTensor& x) { return op::exp(x); }, [](double x) { return std::exp(x); }, -3, 3},
+      {"log", [](const AnyTensor& x) { return op::log(x); }, [](double x) { return std::log(x); }, 0.1, 4},
+      {"sqrt", [](const AnyTensor& x) { return op::sqrt(x); }, [](double x) { return std::sqrt(x); }, 0, 4},
+      {"abs", [](const AnyTensor& x) { return op::abs(x); }, [](double x) { return std::fabs(x); }, -3, 3},
+      {"relu", [](const AnyTensor& x) { return op::relu(x); }, [](double x) { return x > 0 ? x : 0.0; }, -3, 3},
+      {"gelu", [](const AnyTensor& x) { return op::gelu(x); }, gelu_ref, -4, 4},
+      {"gelu_tanh", [](const AnyTensor& x) { return op::gelu(x, true); }, gelu_tanh_ref, -4, 4},
+      {"silu", [](const AnyTensor& x) { return op::silu(x); }, [](double x) { return x / (1 + std::exp(-x)); }, -6, 6},
+      {"tanh", [](const AnyTensor& x) { return op::tanh(x); }, [](double x) { return std::tanh(x); }, -3, 3},
+      {"sigmoid", [](const AnyTensor& x) { return op::sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); },
+       -8, 8},
+      {"square", [](const AnyTensor& x) { return op::square(x); }, [](double x) { return x * x; }, -3, 3},
+      {"reciprocal", [](const AnyTensor& x) { return op::reciprocal(x); }, [](double x) { return 1 / x; }, 0.2, 3},
+      {"sign", [](const AnyTensor& x) { return op::sign(x); },
+       [](double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }, -3, 3},
+      {"pow 2.5", [](const AnyTensor& x) { return op::pow(x, 2.5); }, [](double x) { return std::pow(x, 2.5); }, 0, 3},
+      {"pow -1", [](const AnyTensor& x) { return op::pow(x, -1.0); }, [](double x) { return 1 / x; }, 0.2, 3},
+      {"clamp", [](const AnyTensor& x) { return op::clamp(x, -0.5, 1.0); },
+       [](double x) { return x < -0.5 ? -0.5 : (x > 1.0 ? 1.0 : x); }, -3, 3},
+      {"add_scalar", [](const AnyTensor& x) { return op::add(x, 1.25); }, [](double x) { return x + 1.25; }, -3, 3},
+      {"sub_scalar", [](const AnyTensor& x) { return op::sub(x, 1.25); }, [](double x) { return x - 1.25; }, -3, 3},
+      {"mul_scalar", [](const AnyTensor& x) { return op::mul(x, -3.0); }, [](double x) { return -3 * x; }, -3, 3},
+      {"div_scalar", [](const AnyTensor& x) { return op::div(x, 4.0); }, [](double x) { return x / 4; }, -3, 3},
+      {"rsub_scalar", [](const AnyTensor& x) { return op::rsub(x, 1.0); }, [](double x) { return 1 - x; }, -3, 3},
+      {"rdiv_scalar", [](const AnyTensor& x) { return op::rdiv(x, 2.0); }, [](double x) { return 2 / x; }, 0.2, 3},
+  };
+  return c;
+}
+
+// Values with few significant bits: exactly representable in fp16 and bf16 (multiples of 1/64 below 4
+// in magnitude need at most 8 significant bits).
+AnyTensor exact_lowp_values(const Shape& s, uint64_t seed, double lo, double hi) {
+  AnyTensor x = rand1(s, seed, lo, hi);
+  double* p = static_cast<double*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    p[i] = std::round(p[i] * 64.0) / 64.0;
+    if (p[i] < lo) p[i] += 1.0 / 64;  // keep log/sqrt/reciprocal inputs in their domain
+    if (p[i] == 0 && lo > 0) p[i] = 1.0 / 64;
+  }
+  return x;
+}
+}  // namespace
+
+TEST_CASE("unary ops float64 and float32 forward vs std:: reference", "[elementwise][forward]") {
+  for (DType t : {DType::Float64, DType::Float32}) {
+    const double rtol = t == DType::Float64 ? 1e-13 : 2e-6, atol = t == DType::Float64 ? 1e-15 : 1e-6;
+    for (const UnaryCase& uc : unary_cases()) {
+      INFO(uc.name << " " << dtype_name(t));
+      AnyTensor x = rand1({5, 7}, 42, uc.lo, uc.hi).to(t);
+      AnyTensor y = uc.fn(x);
+      REQUIRE(y.dtype() == t);
+      REQUIRE(y.shape() == x.shape());
+      std::vector<double> xv = vals(x), want;
+      for (double v : xv) want.push_back(uc.ref(v));
+      check_close(vals(y), want, rtol, atol);
+    }
+  }
+}
+
+TEST_CASE("unary ops float64 special values: sigmoid and silu saturate without nan, clamp keeps nan",
+          "[elementwise][forward]") {
+  AnyTensor x = dt({-1000, 1000, 0}, {3});
+  check_close(vals(op::sigmoid(x)), {0, 1, 0.5}, 0, 1e-300);
+  check_close(vals(op::silu(x)), {0, 1000, 0}, 0, 1e-300);
+  check_close(vals(op::tanh(x)), {-1, 1, 0}, 0);
+  std::vector<double> c = vals(op::clamp(dt({NAN, -5, 5}, {3}), -1, 1));
+  CHECK(std::isnan(c[0]));
+  CHECK(c[1] == -1);
+  CHECK(c[2] == 1);
+  CHECK_THROWS_AS(op::clamp(x, 1, -1), ValueError);
+}
+
+TEST_CASE("unary ops float16 and bfloat16 forward within 1e-3 / 1e-2 of float32", "[elementwise][forward][lowp]") {
+  for (DType t : {DType::Float16, DType::BFloat16}) {
+    const double rtol = t == DType::Float16 ? 1e-3 : 1e-2;
+    for (const UnaryCase& uc : unary_cases()) {
+      INFO(uc.name << " " << dtype_name(t));
+      AnyTensor x32 = exact_lowp_values({6, 8}, 7, std::max(uc.lo, -3.5), std::min(uc.hi, 3.5)).to(DType::Float32);
+      AnyTensor y = uc.fn(x32.to(t));
+      REQUIRE(y.dtype() == t);
+      check_close(vals(y), vals(uc.fn(x32)), rtol, 1e-6);
+    }
+  }
+}
+
+TEST_CASE("binary ops float16 and bfloat16 forward broadcast within 1e-3 / 1e-2 of float32",
+          "[elementwise][forward][lowp]") {
+  for (DType t : {DType::Float16, DType::BFloat16}) {
+    const double rtol = t == DType::Float16 ? 1e-3 : 1e-2;
+    for (const BinaryCase& bc : binary_cases()) {
+      INFO(bc.name << " " << dtype_name(t));
+      AnyTensor a = exact_lowp_values({3, 1, 4}, 8, bc.op == BinaryOp::Pow ? 0.25 : -2, 2).to(DType::Float32);
+      AnyTensor b = exact_lowp_values({2, 4}, 9, bc.blo, bc.bhi).to(DType::Float32);
+      AnyTensor y = op::binary(bc.op, a.to(t), b.to(t));
+      REQUIRE(y.dtype() == t);
+      REQUIRE(y.shape() == Shape{3, 2, 4});
+      check_close(vals(y), vals(op::binary(bc.op, a, b)), rtol, 1e-6);
+    }
+  }
+}
+
+TEST_CASE("typed operators float16 x*2, 1-x, x/4 and half + half", "[elementwise][forward][lowp]") {
+  Tensor<float> xf = Tensor<float>::from_vector({0.5f, -1.25f, 2.0f, 3.75f}, {4});
+  Tensor<half> x = xf.to<half>();
+  check_close(vals(x * 2.0), {1, -2.5, 4, 7.5}, 0);
+  check_close(vals(1.0 - x), {0.5, 2.25, -1, -2.75}, 0);
+  check_close(vals(x / 4.0), {0.125, -0.3125, 0.5, 0.9375}, 0);
+  check_close(vals(x + x), {1, -2.5, 4, 7.5}, 0);
+  check_close(vals(-x), {-0.5, 1.25, -2, -3.75}, 0);
+}
+
+TEST_CASE("binary float32 shape, dtype and device errors", "[elementwise][errors]") {
+  AnyTensor a = AnyTensor::zeros({2, 3}, DType::Float32), b = AnyTensor::zeros({4}, DType::Float32);
+  CHECK_THROWS_AS(op::add(a, b), ShapeError);
+  CHECK_THROWS_AS(op::mul(a, AnyTensor::zeros({2, 3}, DType::Float64)), DTypeError);
+}
+
+// ================================================================ comparisons and where
+
+TEST_CASE("comparisons float32 and int32 broadcast [2,1] vs [3] give uint8 vs loop reference", "[elementwise][compare]") {
+  const std::vector<std::pair<CompareOp, std::function<bool(double, double)>>> ops = {
+      {CompareOp::Eq, [](double a, double b) { return a == b; }}, {CompareOp::Ne, [](double a, double b) { return a != b; }},
+      {CompareOp::Lt, [](double a, double b) { return a < b; }},  {CompareOp::Le, [](double a, double b) { return a <= b; }},
+      {CompareOp::Gt, [](double a, double b) { return a > b; }},  {CompareOp::Ge, [](double a, double b) { return a >= b; }},
+  };
+  for (DType t : {DType::Float32, DType::Int32, DType::Float64}) {
+    AnyTensor a = dt({1, 2}, {2, 1}).to(t), b = dt({0, 1, 2}, {3}).to(t);
+    for (const auto& [cop, ref] : ops) {
+      INFO(dtype_name(t) << " op " << static_cast<int>(cop));
+      AnyTensor y = op::compare(cop, a, b);
+      REQUIRE(y.dtype() == DType::UInt8);
+      REQUIRE(y.shape() == Shape{2, 3});
+      std::vector<double> want;
+      for (double av : {1.0, 2.0})
+        for (double bv : {0.0, 1.0, 2.0}) want.push_back(ref(av, bv) ? 1 : 0);
+      check_close(vals(y), want, 0);
+    }
+  }
+  // The scalar form and the typed operators.
+  AnyTensor x = dt({-1, 0, 0.5, 2}, {4});
+  check_close(vals(op::compare(CompareOp::Gt, x, 0.25)), {0, 0, 1, 1}, 0);
+  Tensor<double> tx(x), ty(dt({0, 0, 1, 1}, {4}));
+  check_close(vals(tx < ty), {1, 0, 1, 0}, 0);
+  check_close(vals(tx == ty), {0, 1, 0, 0}, 0);
+  check_close(vals(tx >= ty), {0, 1, 0, 1}, 0);
+}
+
+TEST_CASE("where float32 forward broadcast condition [2,1] with a [2,3] and b []", "[elementwise][compare]") {
+  AnyTensor cond = Tensor<uint8_t>::from_vector({0, 1}, {2, 1});
+  AnyTensor a = dt({1, 2, 3, 4, 5, 6}, {2, 3}).to(DType::Float32), b = dt({-1}, {}).to(DType::Float32);
+  AnyTensor y = op::where(cond, a, b);
+  REQUIRE(y.shape() == Shape{2, 3});
+  REQUIRE(y.dtype() == DType::Float32);
+  check_close(vals(y), {-1, -1, -1, 4, 5, 6}, 0);
+  // Typed form, a comparison as the condition: relu by hand.
+  Tensor<float> x = Tensor<float>::from_vector({-2, 3, -0.5f, 4}, {4});
+  Tensor<float> z = Tensor<float>::zeros({});
+  check_close(vals(ember::where(x > z, x, z)), {0, 3, 0, 4}, 0);
+  CHECK_THROWS_AS(op::where(a, a, b), DTypeError);  // a float condition
+}
+
+// ================================================================ negative controls
+
+namespace {
+// y = x^2 recorded with a backward chosen by the test.
+AnyTensor square_with_backward(const AnyTensor& x, int variant) {
+  AnyTensor y;
+  {
+    NoGradGuard ng;
+    y = op::square(x);
+  }
+  AnyTensor sx = x.detach();
+  autograd::record("test_square", {x}, {y}, [sx, variant](const std::vector<AnyTensor>& g) {
+    switch (variant) {
+      case 0: return std::vector<AnyTensor>{op::mul(op::mul(g[0], sx), 2.0)};  // right: 2 x g
+      case 1: return std::vector<AnyTensor>{op::mul(g[0], sx)};                 // wrong: factor 2 missing
+      case 2: return std::vector<AnyTensor>{op::mul(op::mul(g[0], sx), -2.0)};  // wrong sign
+      default: return std::vector<AnyTensor>{AnyTensor::zeros(sx.shape(), sx.dtype())};  // forgot to write
+    }
+  });
+  return y;
+}
+}  // namespace
+
+TEST_CASE("negative control float64: a deliberately wrong backward fails the gradient check", "[elementwise][control]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  std::vector<AnyTensor> x = random_inputs({{3, 4}}, seed, 0.5, 1.5);
+  auto right = gradcheck([](const std::vector<AnyTensor>& in) { return square_with_backward(in[0], 0); }, x);
+  INFO(right.report);
+  CHECK(right.ok);  // the custom op machinery itself is sound
+  for (int variant : {1, 2, 3}) {
+    INFO("variant " << variant);
+    auto wrong = gradcheck([variant](const std::vector<AnyTensor>& in) { return square_with_backward(in[0], variant); }, x);
+    CHECK(wrong.checked == 12);
+    CHECK_FALSE(wrong.ok);
+  }
+}
+
+TEST_CASE("negative control float64: a backward that overwrites .grad instead of adding fails the check",
+          "[elementwise][control]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  std::vector<AnyTensor> x = random_inputs({{2, 5}}, seed);
+  // y = 3x, whose backward writes 3 g straight into the leaf's .grad (replacing what was there)
+  // instead of returning it for the engine to accumulate.
+  auto overwriting = [](const std::vector<AnyTensor>& in) {
+    AnyTensor leaf = in[0];
+    AnyTensor y;
+    {
+      NoGradGuard ng;
+      y = op::mul(leaf, 3.0);
+    }
+    autograd::record("overwrite_grad", {leaf}, {y}, [leaf](const std::vector<AnyTensor>& g) mutable {
+      leaf.set_grad(op::mul(g[0], 3.0));
+      return std::vector<AnyTensor>{AnyTensor()};
+    });
+    return y;
+  };
+  auto res = gradcheck(overwriting, x);
+  CHECK(res.checked == 10);
+  CHECK_FALSE(res.ok);
+  // The same op through the engine passes.
+  auto good = gradcheck([](const std::vector<AnyTensor>& in) { return op::mul(in[0], 3.0); }, x);
+  CHECK(good.ok);
+}
+
+TEST_CASE("gradient accumulation float64: two backward() calls on the same leaf double the gradient",
+          "[elementwise][control]") {
+  AnyTensor x = dt({0.5, -1, 2}, {3});
+  x.set_requires_grad();
+  // Fresh graph each time.
+  op::sum(op::mul(op::square(x), 1.5)).backward();  // d/dx = 3x
+  check_close(vals(x.grad()), {1.5, -3, 6}, 1e-15);
+  op::sum(op::mul(op::square(x), 1.5)).backward();
+  check_close(vals(x.grad()), {3, -6, 12}, 1e-15);
+  // One graph, retained.
+  AnyTensor w = dt({1, 2, 3}, {3});
+  w.set_requires_grad();
+  AnyTensor loss = op::sum(op::mul(op::exp(w), w));  // d/dw = exp(w) (1 + w)
+  loss.backward(true);
+  std::vector<double> once = vals(w.grad());
+  loss.backward();
+  std::vector<double> twice = vals(w.grad()), want;
+  for (double v : {1.0, 2.0, 3.0}) want.push_back(std::exp(v) * (1 + v));
+  check_close(once, want, 1e-14);
+  for (double& v : want) v *= 2;
+  check_close(twice, want, 1e-14);
+  // A third backward through the released graph is an error, not silent garbage.
+  CHECK_THROWS_AS(loss.backward(), AutogradError);
+}

@@ -1,0 +1,274 @@
+// matmul (ops/linalg.hpp): finite-difference gradient checks in double for every transpose
+// combination, batched 3D/4D, batch broadcasting and vectors; forward values against a naive
+// triple loop; fp16/bf16 against fp32.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradcheck.hpp"
+
+using namespace ember;
+using ember::testing::gradcheck;
+using ember::testing::random_inputs;
+
+namespace {
+
+AnyTensor dt(const std::vector<double>& v, const Shape& s) { return Tensor<double>::from_vector(v, s); }
+std::vector<double> vals(const AnyTensor& t) { return t.to_double_vector(); }
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol, double atol = 0.0) {
+  REQUIRE(got.size() == want.size());
+  int bad = 0;
+  std::ostringstream rep;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    const double err = std::fabs(got[i] - want[i]);
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+      if (bad++ < 5) rep << "element " << i << ": got " << got[i] << " want " << want[i] << "\n";
+    }
+  }
+  INFO(rep.str());
+  CHECK(bad == 0);
+}
+
+AnyTensor rand1(const Shape& s, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  return random_inputs({s}, seed, lo, hi)[0];
+}
+
+// Shape of a stored operand: batch dims, then [rows, cols] of op(X) transposed back if t.
+Shape operand(std::vector<int64_t> batch, int64_t rows, int64_t cols, bool t) {
+  batch.push_back(t ? cols : rows);
+  batch.push_back(t ? rows : cols);
+  return Shape(batch);
+}
+
+// Naive reference: op(A)[m,k] op(B)[k,n] per batch entry; an operand of rank 2 is shared by every
+// batch entry. Returns the values of the [batch..., m, n] result.
+std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& as, const std::vector<double>& b,
+                               const Shape& bs, bool ta, bool tb) {
+  const int64_t ar = as[as.dim() - 2], ac = as[as.dim() - 1], br = bs[bs.dim() - 2], bc = bs[bs.dim() - 1];
+  const int64_t na = as.numel() / (ar * ac), nb = bs.numel() / (br * bc);
+  const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
+  const int64_t batch = std::max(na, nb);
+  std::vector<double> c(static_cast<size_t>(batch * m * n), 0.0);
+  for (int64_t q = 0; q < batch; ++q) {
+    const double* A = a.data() + (na == 1 ? 0 : q) * ar * ac;
+    const double* B = b.data() + (nb == 1 ? 0 : q) * br * bc;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double av = ta ? A[p * ac + i] : A[i * ac + p];
+          const double bv = tb ? B[j * bc + p] : B[p * bc + j];
+          s += av * bv;
+        }
+        c[static_cast<size_t>((q * m + i) * n + j)] = s;
+      }
+  }
+  return c;
+}
+
+struct MatmulCase {
+  std::vector<int64_t> a_batch, b_batch;
+  std::vector<int64_t> out_batch;
+};
+
+const std::vector<MatmulCase>& batch_cases() {
+  static const std::vector<MatmulCase> c = {
+      {{}, {}, {}},                  // 2D
+      {{2}, {2}, {2}},               // batched 3D
+      {{2, 3}, {2, 3}, {2, 3}},      // batched 4D
+      {{3}, {}, {3}},                // 3D x 2D (batch broadcast)
+      {{}, {3}, {3}},                // 2D x 3D
+      {{2, 2}, {}, {2, 2}},          // 4D x 2D
+      {{}, {2, 2}, {2, 2}},          // 2D x 4D
+  };
+  return c;
+}
+
+std::string batch_str(const std::vector<int64_t>& b) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < b.size(); ++i) s << (i ? "," : "") << b[i];
+  s << "]";
+  return s.str();
+}
+
+}  // namespace
+
+// ================================================================ gradient checks
+
+TEST_CASE("matmul float64 gradcheck 2D, every combination of transposes", "[linalg][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      INFO("trans_a " << ta << " trans_b " << tb << " seed " << seed);
+      std::vector<AnyTensor> in = {rand1(operand({}, 3, 4, ta), seed), rand1(operand({}, 4, 5, tb), seed + 1)};
+      CHECK_GRADIENTS(([ta, tb](const std::vector<AnyTensor>& x) { return op::matmul(x[0], x[1], ta, tb); }), in);
+    }
+}
+
+TEST_CASE("matmul float64 gradcheck batched 3D/4D and batch-broadcast 3Dx2D, 2Dx3D, 4Dx2D, 2Dx4D, all transposes",
+          "[linalg][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  for (const MatmulCase& mc : batch_cases()) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        INFO("a batch " << batch_str(mc.a_batch) << " b batch " << batch_str(mc.b_batch) << " trans_a " << ta
+                        << " trans_b " << tb << " seed " << seed);
+        std::vector<AnyTensor> in = {rand1(operand(mc.a_batch, 2, 3, ta), seed),
+                                     rand1(operand(mc.b_batch, 3, 4, tb), seed + 1)};
+        CHECK_GRADIENTS(([ta, tb](const std::vector<AnyTensor>& x) { return op::matmul(x[0], x[1], ta, tb); }), in);
+      }
+  }
+}
+
+TEST_CASE("matmul float64 gradcheck vector cases 1Dx2D, 2Dx1D, 1Dx1D, 3Dx1D, 1Dx3D", "[linalg][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  auto f = [](bool ta, bool tb) {
+    return [ta, tb](const std::vector<AnyTensor>& x) { return op::matmul(x[0], x[1], ta, tb); };
+  };
+  INFO("seed " << seed);
+  CHECK_GRADIENTS(f(false, false), random_inputs({{4}, {4, 3}}, seed));
+  CHECK_GRADIENTS(f(false, true), random_inputs({{4}, {3, 4}}, seed));
+  CHECK_GRADIENTS(f(false, false), random_inputs({{3, 4}, {4}}, seed));
+  CHECK_GRADIENTS(f(true, false), random_inputs({{4, 3}, {4}}, seed));
+  CHECK_GRADIENTS(f(false, false), random_inputs({{5}, {5}}, seed));
+  CHECK_GRADIENTS(f(false, false), random_inputs({{2, 3, 4}, {4}}, seed));
+  CHECK_GRADIENTS(f(false, false), random_inputs({{4}, {2, 4, 3}}, seed));
+}
+
+TEST_CASE("matmul float64 gradcheck one operand constant, and a chain (x W1) W2", "[linalg][grad]") {
+  auto seed = GENERATE(1u, 2u, 3u);
+  AnyTensor w = rand1({4, 3}, seed + 9);
+  CHECK_GRADIENTS([&](const std::vector<AnyTensor>& x) { return op::matmul(x[0], w); }, random_inputs({{2, 5, 4}}, seed));
+  CHECK_GRADIENTS([&](const std::vector<AnyTensor>& x) { return op::matmul(w, x[0], true); },
+                  random_inputs({{4, 2}}, seed));
+  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::matmul(op::matmul(x[0], x[1]), x[2], false, true); },
+                  random_inputs({{3, 4}, {4, 5}, {2, 5}}, seed));
+}
+
+// ================================================================ forward values
+
+TEST_CASE("matmul float64 and float32 forward vs naive triple loop, shapes x transposes x batch layouts",
+          "[linalg][forward]") {
+  struct Mkn {
+    int64_t m, k, n;
+  };
+  const std::vector<Mkn> sizes = {{1, 1, 1}, {3, 4, 5}, {7, 1, 3}, {1, 9, 1}, {17, 33, 9}, {64, 48, 40}};
+  for (DType t : {DType::Float64, DType::Float32}) {
+    for (const MatmulCase& mc : batch_cases()) {
+      for (const Mkn& sz : sizes) {
+        if (!mc.out_batch.empty() && sz.m * sz.k > 1000) continue;  // keep batched cases small
+        for (bool ta : {false, true})
+          for (bool tb : {false, true}) {
+            INFO(dtype_name(t) << " a batch " << batch_str(mc.a_batch) << " b batch " << batch_str(mc.b_batch)
+                               << " m,k,n " << sz.m << "," << sz.k << "," << sz.n << " trans_a " << ta << " trans_b "
+                               << tb);
+            const Shape as = operand(mc.a_batch, sz.m, sz.k, ta), bs = operand(mc.b_batch, sz.k, sz.n, tb);
+            AnyTensor a = rand1(as, 3 + sz.m).to(t), b = rand1(bs, 5 + sz.n).to(t);
+            AnyTensor c = op::matmul(a, b, ta, tb);
+            std::vector<int64_t> os = mc.out_batch;
+            os.push_back(sz.m);
+            os.push_back(sz.n);
+            CHECK(c.shape() == Shape(os));
+            CHECK(c.dtype() == t);
+            std::vector<double> want = ref_matmul(vals(a), as, vals(b), bs, ta, tb);
+            check_close(vals(c), want, t == DType::Float64 ? 1e-12 : 1e-5, t == DType::Float64 ? 1e-13 : 1e-5);
+          }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul float64 forward known values 2x3 times 3x2 and vector shapes", "[linalg][forward]") {
+  AnyTensor a = dt({1, 2, 3, 4, 5, 6}, {2, 3}), b = dt({7, 8, 9, 10, 11, 12}, {3, 2});
+  check_close(vals(op::matmul(a, b)), {58, 64, 139, 154}, 0);
+  check_close(vals(op::matmul(a, a, false, true)), {14, 32, 32, 77}, 0);
+  check_close(vals(op::matmul(a, a, true, false)), {17, 22, 27, 22, 29, 36, 27, 36, 45}, 0);
+  AnyTensor v = dt({1, 0, -1}, {3});
+  AnyTensor av = op::matmul(a, v);  // [2]
+  CHECK(av.shape() == Shape{2});
+  check_close(vals(av), {-2, -2}, 0);
+  AnyTensor vb = op::matmul(v, b);  // [2]
+  CHECK(vb.shape() == Shape{2});
+  check_close(vals(vb), {-4, -4}, 0);
+  AnyTensor vv = op::matmul(v, v);
+  CHECK(vv.dim() == 0);
+  check_close(vals(vv), {2}, 0);
+  AnyTensor bat = op::matmul(op::concat({a.reshape({1, 2, 3}), op::neg(a).reshape({1, 2, 3})}, 0), v);  // [2,2]
+  CHECK(bat.shape() == Shape{2, 2});
+  check_close(vals(bat), {-2, -2, 2, 2}, 0);
+  AnyTensor vbat = op::matmul(v, op::concat({b.reshape({1, 3, 2}), b.reshape({1, 3, 2})}, 0));  // [2,2]
+  CHECK(vbat.shape() == Shape{2, 2});
+  check_close(vals(vbat), {-4, -4, -4, -4}, 0);
+}
+
+TEST_CASE("matmul float32 empty shapes: k = 0 gives zeros, m = 0 gives an empty result", "[linalg][forward]") {
+  AnyTensor a = AnyTensor::zeros({3, 0}, DType::Float32), b = AnyTensor::zeros({0, 2}, DType::Float32);
+  AnyTensor c = op::matmul(a, b);
+  CHECK(c.shape() == Shape{3, 2});
+  check_close(vals(c), std::vector<double>(6, 0.0), 0);
+  AnyTensor e = op::matmul(AnyTensor::zeros({0, 4}, DType::Float32), AnyTensor::zeros({4, 2}, DType::Float32));
+  CHECK(e.shape() == Shape{0, 2});
+}
+
+TEST_CASE("matmul float16 and bfloat16 small integers: exact equality with float32", "[linalg][forward][lowp]") {
+  for (DType t : {DType::Float16, DType::BFloat16}) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        INFO(dtype_name(t) << " trans_a " << ta << " trans_b " << tb);
+        const Shape as = operand({2}, 5, 7, ta), bs = operand({}, 7, 6, tb);
+        std::vector<double> av = vals(rand1(as, 11, -3, 4)), bv = vals(rand1(bs, 12, -3, 4));
+        for (double& v : av) v = std::floor(v);
+        for (double& v : bv) v = std::floor(v);
+        AnyTensor a32 = dt(av, as).to(DType::Float32), b32 = dt(bv, bs).to(DType::Float32);
+        AnyTensor c = op::matmul(a32.to(t), b32.to(t), ta, tb);
+        CHECK(c.dtype() == t);
+        check_close(vals(c), vals(op::matmul(a32, b32, ta, tb)), 0);
+        check_close(vals(c), ref_matmul(av, as, bv, bs, ta, tb), 0);
+      }
+  }
+}
+
+TEST_CASE("matmul float16 and bfloat16 random inputs within 1e-3 / 1e-2 of float32", "[linalg][forward][lowp]") {
+  for (DType t : {DType::Float16, DType::BFloat16}) {
+    const double rtol = t == DType::Float16 ? 1e-3 : 1e-2;
+    for (const MatmulCase& mc : batch_cases()) {
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          INFO(dtype_name(t) << " a batch " << batch_str(mc.a_batch) << " b batch " << batch_str(mc.b_batch)
+                             << " trans_a " << ta << " trans_b " << tb);
+          const Shape as = operand(mc.a_batch, 6, 16, ta), bs = operand(mc.b_batch, 16, 5, tb);
+          // Positive multiples of 1/64 below 4: exact in both formats, no cancellation in the sums.
+          std::vector<double> av = vals(rand1(as, 13, 0.1, 3.9)), bv = vals(rand1(bs, 14, 0.1, 3.9));
+          for (double& v : av) v = std::round(v * 64) / 64;
+          for (double& v : bv) v = std::round(v * 64) / 64;
+          AnyTensor a32 = dt(av, as).to(DType::Float32), b32 = dt(bv, bs).to(DType::Float32);
+          AnyTensor c = op::matmul(a32.to(t), b32.to(t), ta, tb);
+          CHECK(c.dtype() == t);
+          check_close(vals(c), vals(op::matmul(a32, b32, ta, tb)), rtol);
+        }
+    }
+  }
+}
+
+TEST_CASE("matmul typed float32 Tensor<float> wrapper and shape errors", "[linalg][errors]") {
+  Tensor<float> a = Tensor<float>::from_vector({1, 2, 3, 4}, {2, 2});
+  Tensor<float> b = Tensor<float>::from_vector({0, 1, 1, 0}, {2, 2});
+  check_close(vals(ember::matmul(a, b)), {2, 1, 4, 3}, 0);
+  check_close(vals(ember::matmul(a, b, true, false)), {3, 1, 4, 2}, 0);
+  CHECK_THROWS_AS(op::matmul(AnyTensor::zeros({2, 3}, DType::Float32), AnyTensor::zeros({2, 3}, DType::Float32)),
+                  ShapeError);
+  CHECK_NOTHROW(op::matmul(AnyTensor::zeros({2, 3}, DType::Float32), AnyTensor::zeros({2, 3}, DType::Float32), false,
+                           true));
+  CHECK_THROWS_AS(op::matmul(AnyTensor::zeros({2, 2, 3}, DType::Float32), AnyTensor::zeros({3, 3, 2}, DType::Float32)),
+                  ShapeError);
+  CHECK_THROWS_AS(op::matmul(AnyTensor::zeros({}, DType::Float32), AnyTensor::zeros({3}, DType::Float32)), ShapeError);
+  CHECK_THROWS_AS(op::matmul(AnyTensor::zeros({2, 2}, DType::Float32), AnyTensor::zeros({2, 2}, DType::Float64)),
+                  DTypeError);
+  CHECK_THROWS_AS(op::matmul(AnyTensor::zeros({2, 2}, DType::Int32), AnyTensor::zeros({2, 2}, DType::Int32)), DTypeError);
+}
