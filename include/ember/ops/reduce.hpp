@@ -46,8 +46,9 @@ inline Shape reduced_shape(const Shape& s, const std::vector<int>& dims, bool ke
 }
 
 // Reduces over dims (innermost first, each kept as size 1), then reshapes to the result shape.
+// The result is always a new tensor: with nothing to reduce (a 0-d input), a copy, never a view.
 inline AnyTensor reduce_raw(ReduceOp op, const AnyTensor& x, const std::vector<int>& dims, bool keepdim) {
-  AnyTensor cur = x;
+  AnyTensor cur = dims.empty() ? x.detach().clone() : x;
   for (auto it = dims.rbegin(); it != dims.rend(); ++it) cur = reduce_dim_raw(op, cur, *it);
   return cur.detach().reshape(reduced_shape(x.shape(), dims, keepdim));
 }
@@ -65,6 +66,7 @@ inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const std::vector<int>&
   }
   if (op == ReduceOp::Mean) detail::check_floating(name, x);
   if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
+    if (x.dim() == 0) return AnyTensor::zeros(Shape{}, DType::Int64, x.device());  // the only index
     EMBER_CHECK(rd.size() <= 1 || static_cast<int>(rd.size()) == x.dim(), ShapeError, name,
                 ": reduces over one dimension or all of them, got ", rd.size(), " of ", x.desc());
     if (rd.size() > 1) {  // over everything: the flat index
