@@ -171,8 +171,19 @@ inline AnyTensor binary(BinaryOp op, const AnyTensor& a, const AnyTensor& b) {
             AnyTensor p = detail::binary_raw(BinaryOp::Pow, sa, bm1, os);
             da = detail::binary_raw(BinaryOp::Mul, detail::binary_raw(BinaryOp::Mul, gy, sb, os), p, os);
           }
-          if (gb) {  // out * log(a)
+          if (gb) {  // out * log(a), with log(a) taken as 0 where a == 0 (0^b is flat in b there), not -inf
             AnyTensor la = detail::unary_raw(UnaryOp::Log, sa, 0, 0);
+            if (sa.numel() > 0) {
+              AnyTensor zero = AnyTensor::zeros(Shape{}, sa.dtype(), sa.device());
+              AnyTensor a_is_zero = AnyTensor::empty(sa.shape(), DType::UInt8, sa.device());
+              AnyTensor la0 = AnyTensor::empty(sa.shape(), sa.dtype(), sa.device());
+              Shape as = sa.shape(), zs{};
+              gy.backend().compare(CompareOp::Eq, sa.dtype(), sa.data_ptr(), zero.data_ptr(),
+                                   static_cast<uint8_t*>(a_is_zero.data_ptr()), detail::strided_args(as, &as, &zs));
+              gy.backend().where(sa.dtype(), static_cast<const uint8_t*>(a_is_zero.data_ptr()), zero.data_ptr(),
+                                 la.data_ptr(), la0.data_ptr(), detail::strided_args(as, &zs, &as, &as));
+              la = la0;
+            }
             db = detail::binary_raw(BinaryOp::Mul, detail::binary_raw(BinaryOp::Mul, gy, so, os), la, os);
           }
           break;
