@@ -1,6 +1,10 @@
 #pragma once
 // Comparisons (eq, ne, lt, le, gt, ge; broadcasting; uint8 results, no gradient) and
 // where(cond, a, b), which is differentiable in a and b.
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
 #include "ember/ops/detail/common.hpp"
 
 namespace ember::op {
@@ -21,6 +25,18 @@ inline AnyTensor compare(CompareOp cop, const AnyTensor& a, const AnyTensor& b) 
   return out;
 }
 inline AnyTensor compare(CompareOp cop, const AnyTensor& a, double s) {
+  // An integer tensor against a scalar its dtype cannot hold (0.5, -1 for uint8) compares values in
+  // double, as PyTorch does: converting the scalar would truncate or wrap it (int 0 < 0.5 is true).
+  const bool exact = dispatch_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_integral_v<T>)
+      return s == std::trunc(s) && s >= static_cast<double>(std::numeric_limits<T>::min()) &&
+             s <= static_cast<double>(std::numeric_limits<T>::max());
+    else
+      return true;
+  });
+  if (!exact)
+    return compare(cop, a.detach().to(DType::Float64), AnyTensor::full(Shape{}, s, DType::Float64, a.device()));
   return compare(cop, a, AnyTensor::full(Shape{}, s, a.dtype(), a.device()));
 }
 
