@@ -187,6 +187,20 @@ TEST_CASE("maximum and minimum float64 ties split the gradient evenly", "[elemen
   check_close(vals(b.grad()), {0.5 + 5, 1, 10}, 0, 1e-12);
 }
 
+TEST_CASE("pow float64 tensor^tensor gradients at base 0 are finite (d/db 0^b = 0 for b > 0)", "[elementwise][grad]") {
+  AnyTensor a = dt({0, 2, 0}, {3}), b = dt({2, 3, 0.5}, {3});
+  a.set_requires_grad();
+  b.set_requires_grad();
+  AnyTensor y = op::pow(a, b);
+  check_close(vals(y), {0, 8, 0}, 0);
+  op::sum(y).backward();
+  check_close(vals(b.grad()), {0, 8 * std::log(2.0), 0}, 1e-15);
+  std::vector<double> ga = vals(a.grad());
+  CHECK(ga[0] == 0);
+  CHECK(ga[1] == 12);
+  CHECK(std::isinf(ga[2]));  // d/da a^0.5 at 0 is +inf, as in PyTorch
+}
+
 TEST_CASE("binary float64 gradcheck: only one input requires grad", "[elementwise][grad]") {
   auto seed = GENERATE(1u, 2u, 3u);
   AnyTensor c = rand1({2, 4}, seed + 5, 0.5, 1.5);  // constant, no grad
@@ -566,6 +580,20 @@ TEST_CASE("comparisons float32 and int32 broadcast [2,1] vs [3] give uint8 vs lo
   check_close(vals(tx < ty), {1, 0, 1, 0}, 0);
   check_close(vals(tx == ty), {0, 1, 0, 0}, 0);
   check_close(vals(tx >= ty), {0, 1, 0, 1}, 0);
+}
+
+TEST_CASE("comparisons int32 and uint8 against non-integral and out-of-range scalars compare the values",
+          "[elementwise][compare]") {
+  AnyTensor x = dt({-1, 0, 2, 3}, {4}).to(DType::Int32);
+  check_close(vals(op::compare(CompareOp::Lt, x, 0.5)), {1, 1, 0, 0}, 0);
+  check_close(vals(op::compare(CompareOp::Gt, x, -0.5)), {0, 1, 1, 1}, 0);
+  check_close(vals(op::compare(CompareOp::Eq, x, 2.5)), {0, 0, 0, 0}, 0);
+  check_close(vals(op::compare(CompareOp::Ne, x, 2.0)), {1, 1, 0, 1}, 0);
+  check_close(vals(op::compare(CompareOp::Le, x, 1e10)), {1, 1, 1, 1}, 0);
+  AnyTensor u = dt({0, 7, 255}, {3}).to(DType::UInt8);
+  check_close(vals(op::compare(CompareOp::Gt, u, -1.0)), {1, 1, 1}, 0);
+  check_close(vals(op::compare(CompareOp::Lt, u, 300.0)), {1, 1, 1}, 0);
+  check_close(vals(op::compare(CompareOp::Ge, u, 6.5)), {0, 1, 1}, 0);
 }
 
 TEST_CASE("where float32 forward broadcast condition [2,1] with a [2,3] and b []", "[elementwise][compare]") {

@@ -266,6 +266,32 @@ TEST_CASE("sum float32 forward of a 0-d tensor, of a 1-D tensor and over an empt
   CHECK_THROWS_AS(op::sum(v, {1}), IndexError);
 }
 
+TEST_CASE("sum mean max min argmax argmin float64 of a 0-d tensor: values, dtypes, and a new tensor",
+          "[reduce][forward]") {
+  AnyTensor s = dt({-2.5}, {});
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
+    for (bool keepdim : {false, true}) {
+      INFO(rname(op) << " keepdim " << keepdim);
+      AnyTensor y = reduce_by(op, s, {}, keepdim);
+      CHECK(y.dim() == 0);
+      CHECK(y.dtype() == DType::Float64);
+      check_close(vals(y), {-2.5}, 0);
+      // A reduction returns a new tensor: writing into it leaves the input alone.
+      static_cast<double*>(y.data_ptr())[0] = 7;
+      CHECK(vals(s)[0] == -2.5);
+      CHECK(vals(reduce_by(op, s, {0}, keepdim))[0] == -2.5);
+    }
+  }
+  for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin}) {
+    INFO(rname(op));
+    AnyTensor i = reduce_by(op, s, {}, false);
+    CHECK(i.dtype() == DType::Int64);
+    CHECK(i.dim() == 0);
+    check_close(vals(i), {0}, 0);
+  }
+  CHECK(ember::argmax(Tensor<double>(s)).item() == 0);
+}
+
 TEST_CASE("sum int32 and int64 forward vs loop reference", "[reduce][forward]") {
   for (DType t : {DType::Int32, DType::Int64}) {
     INFO(dtype_name(t));
