@@ -54,7 +54,7 @@ class DeviceAllocator {
         current_.fetch_sub(b);
         (void)cudaGetLastError();
         if (e == cudaErrorMemoryAllocation) throw out_of_memory(b, now - b, limit);
-        detail::throw_cuda_error(e, "cudaMallocAsync(&p, bytes, stream)", __FILE__, __LINE__);
+        internal::throw_cuda_error(e, "cudaMallocAsync(&p, bytes, stream)", __FILE__, __LINE__);
       }
     }
     num_allocations_.fetch_add(1);

@@ -12,21 +12,21 @@
 
 namespace ember::cuda {
 
-namespace detail {
+namespace internal {
 inline void check_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw CublasError(::ember::detail::str_cat("cuBLAS error ", static_cast<int>(s), " (", cublasGetStatusString(s),
                                                ")", where_str(call, file, line)));
 }
-}  // namespace detail
+}  // namespace internal
 
-#define EMBER_CUBLAS_CHECK(call) ::ember::cuda::detail::check_cublas((call), #call, __FILE__, __LINE__)
+#define EMBER_CUBLAS_CHECK(call) ::ember::cuda::internal::check_cublas((call), #call, __FILE__, __LINE__)
 
 // The cuBLAS handle of a device, created on first use and bound to current_stream(device). Its math
 // mode forbids TF32 (fp32 GEMMs match the CPU) and reduced-precision split-K reductions (fp16/bf16
 // GEMMs accumulate in fp32 all the way). Never destroyed: it must outlive static destruction.
 inline cublasHandle_t cublas_handle(int device) {
-  detail::check_device_index(device, "cublas_handle");
+  internal::check_device_index(device, "cublas_handle");
   struct Slot {
     std::once_flag once;
     cublasHandle_t handle = nullptr;

@@ -79,7 +79,7 @@ class UploadStaging {
         buf = &b;
         break;
       }
-      if (q != cudaErrorNotReady) ::ember::cuda::detail::check_cuda(q, "cudaEventQuery(staging)", __FILE__, __LINE__);
+      if (q != cudaErrorNotReady) ::ember::cuda::internal::check_cuda(q, "cudaEventQuery(staging)", __FILE__, __LINE__);
     }
     if (buf == nullptr) {
       if (buffers_.size() >= kMaxBuffers) return false;
@@ -145,7 +145,7 @@ class CudaBackend final : public Backend {
       cudaError_t e = cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_);
       if (e == cudaSuccess) e = cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, stream_);
       alloc_.deallocate(tmp, bytes);
-      ::ember::cuda::detail::check_cuda(e, "cudaMemcpyAsync (overlapping copy)", __FILE__, __LINE__);
+      ::ember::cuda::internal::check_cuda(e, "cudaMemcpyAsync (overlapping copy)", __FILE__, __LINE__);
       return;
     }
     EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -181,7 +181,7 @@ class CudaBackend final : public Backend {
                                          cudaMemcpyDeviceToDevice, stream_));
       return;
     }
-    ::ember::cuda::detail::check_cuda(e, "cudaMemcpy2DAsync", __FILE__, __LINE__);
+    ::ember::cuda::internal::check_cuda(e, "cudaMemcpy2DAsync", __FILE__, __LINE__);
   }
 
   // ---- fills and conversions

@@ -10,7 +10,7 @@
 
 namespace ember::cuda {
 
-namespace detail {
+namespace internal {
 inline void check_cudnn(cudnnStatus_t s, const char* call, const char* file, int line) {
   if (s != CUDNN_STATUS_SUCCESS) {
     // cuDNN 9 keeps a more detailed message about the last failure of this thread.
@@ -21,9 +21,9 @@ inline void check_cudnn(cudnnStatus_t s, const char* call, const char* file, int
                                               where_str(call, file, line)));
   }
 }
-}  // namespace detail
+}  // namespace internal
 
-#define EMBER_CUDNN_CHECK(call) ::ember::cuda::detail::check_cudnn((call), #call, __FILE__, __LINE__)
+#define EMBER_CUDNN_CHECK(call) ::ember::cuda::internal::check_cudnn((call), #call, __FILE__, __LINE__)
 
 // cuDNN's version at run time (e.g. 91900 for 9.19.0), which may differ from the header's.
 inline size_t cudnn_runtime_version() { return cudnnGetVersion(); }
@@ -31,7 +31,7 @@ inline size_t cudnn_runtime_version() { return cudnnGetVersion(); }
 // The cuDNN handle of a device, bound to current_stream(device). Never destroyed (it must outlive
 // static destruction, when the driver may already be gone).
 inline cudnnHandle_t cudnn_handle(int device) {
-  detail::check_device_index(device, "cudnn_handle");
+  internal::check_device_index(device, "cudnn_handle");
   struct Slot {
     std::once_flag once;
     cudnnHandle_t handle = nullptr;

@@ -9,7 +9,7 @@
 
 namespace ember::cuda {
 
-namespace detail {
+namespace internal {
 // `comm` (may be null) lets NCCL add its own description of the last failure.
 inline void check_nccl(ncclResult_t r, ncclComm_t comm, const char* call, const char* file, int line) {
   if (r == ncclSuccess || r == ncclInProgress) return;
@@ -18,13 +18,13 @@ inline void check_nccl(ncclResult_t r, ncclComm_t comm, const char* call, const 
                                            (last && last[0]) ? ::ember::detail::str_cat(": ", last) : std::string(),
                                            where_str(call, file, line)));
 }
-}  // namespace detail
+}  // namespace internal
 
 // EMBER_NCCL_CHECK(call): throws ember::NcclError naming the call, file, line and NCCL's message.
 // ncclInProgress (non-blocking communicators) is not an error.
-#define EMBER_NCCL_CHECK(call) ::ember::cuda::detail::check_nccl((call), nullptr, #call, __FILE__, __LINE__)
+#define EMBER_NCCL_CHECK(call) ::ember::cuda::internal::check_nccl((call), nullptr, #call, __FILE__, __LINE__)
 // The same, with the communicator whose last error NCCL should describe.
-#define EMBER_NCCL_CHECK_COMM(call, comm) ::ember::cuda::detail::check_nccl((call), (comm), #call, __FILE__, __LINE__)
+#define EMBER_NCCL_CHECK_COMM(call, comm) ::ember::cuda::internal::check_nccl((call), (comm), #call, __FILE__, __LINE__)
 
 // NCCL's version at run time as major*10000 + minor*100 + patch (e.g. 22809 for 2.28.9).
 inline int nccl_runtime_version() {

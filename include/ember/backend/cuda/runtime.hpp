@@ -17,7 +17,7 @@
 
 namespace ember::cuda {
 
-namespace detail {
+namespace internal {
 
 // The current device, or -1 when even that cannot be asked (no driver).
 inline int current_device_or_minus_one() noexcept {
@@ -47,13 +47,13 @@ inline void check_cuda(cudaError_t e, const char* call, const char* file, int li
   if (e != cudaSuccess) throw_cuda_error(e, call, file, line);
 }
 
-}  // namespace detail
+}  // namespace internal
 
 // Throws ember::CudaError naming the call, the file and line, the error and the current device.
-#define EMBER_CUDA_CHECK(call) ::ember::cuda::detail::check_cuda((call), #call, __FILE__, __LINE__)
+#define EMBER_CUDA_CHECK(call) ::ember::cuda::internal::check_cuda((call), #call, __FILE__, __LINE__)
 // After a kernel launch: reports a bad launch configuration (asynchronous faults show up later,
 // at the next synchronising call, as a CudaError from that call).
-#define EMBER_CUDA_CHECK_LAUNCH() ::ember::cuda::detail::check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+#define EMBER_CUDA_CHECK_LAUNCH() ::ember::cuda::internal::check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
 // Number of CUDA devices the runtime sees. Any error (no driver: cudaErrorInsufficientDriver,
 // CUDA_VISIBLE_DEVICES="": cudaErrorNoDevice, ...) counts as zero devices and is cleared.
@@ -92,7 +92,7 @@ class DeviceGuard {
   int target_ = 0;
 };
 
-namespace detail {
+namespace internal {
 struct DeviceSlot {
   std::once_flag once;
   cudaStream_t stream = nullptr;
@@ -106,14 +106,14 @@ inline void check_device_index(int device, const char* what) {
   EMBER_CHECK(device >= 0 && device < runtime_device_count(), DeviceError, what, ": device cuda:", device,
               " requested but ", runtime_device_count(), " CUDA device(s) are available");
 }
-}  // namespace detail
+}  // namespace internal
 
 // The stream on which ember works on `device`: created on first use with cudaStreamNonBlocking
 // (it does not synchronise with the legacy default stream), never destroyed (it must outlive every
 // tensor, including those destroyed during static destruction).
 inline cudaStream_t current_stream(int device) {
-  detail::check_device_index(device, "current_stream");
-  detail::DeviceSlot& slot = detail::stream_slots()[device];
+  internal::check_device_index(device, "current_stream");
+  internal::DeviceSlot& slot = internal::stream_slots()[device];
   std::call_once(slot.once, [&] {
     DeviceGuard guard(device);
     EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&slot.stream, cudaStreamNonBlocking));
@@ -123,7 +123,7 @@ inline cudaStream_t current_stream(int device) {
 
 // Number of streaming multiprocessors of a device (asked once per device).
 inline int multiprocessor_count(int device) {
-  detail::check_device_index(device, "multiprocessor_count");
+  internal::check_device_index(device, "multiprocessor_count");
   struct Slot {
     std::once_flag once;
     int count = 0;

@@ -9,9 +9,10 @@
 #include <cstdint>
 #include <type_traits>
 
+// core/backend.hpp first: it includes the CPU backend, which needs elementwise_math.hpp complete.
+#include "ember/core/backend.hpp"
 #include "ember/backend/cuda/runtime.hpp"
 #include "ember/backend/elementwise_math.hpp"
-#include "ember/core/backend.hpp"
 #include "ember/core/dtype.hpp"
 #include "ember/core/random.hpp"
 

@@ -32,7 +32,7 @@ __global__ void random_uniform_kernel(T* __restrict__ dst, int64_t n, uint64_t s
                                       double range) {
   const int64_t blocks = (n + 3) / 4;
   EMBER_GRID_STRIDE_LOOP(b, blocks) {
-    const detail::Philox4x32 r = detail::philox4x32_10(seed, offset + static_cast<uint64_t>(b));
+    const ::ember::detail::Philox4x32 r = ::ember::detail::philox4x32_10(seed, offset + static_cast<uint64_t>(b));
 #pragma unroll
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t i = 4 * b + lane;
@@ -49,7 +49,7 @@ __global__ void random_normal_kernel(T* __restrict__ dst, int64_t n, uint64_t se
                                      double stddev) {
   const int64_t blocks = (n + 3) / 4;
   EMBER_GRID_STRIDE_LOOP(b, blocks) {
-    const detail::Philox4x32 r = detail::philox4x32_10(seed, offset + static_cast<uint64_t>(b));
+    const ::ember::detail::Philox4x32 r = ::ember::detail::philox4x32_10(seed, offset + static_cast<uint64_t>(b));
 #pragma unroll
     for (int pair = 0; pair < 4; pair += 2) {
       const int64_t i = 4 * b + pair;
@@ -66,11 +66,25 @@ __global__ void random_normal_kernel(T* __restrict__ dst, int64_t n, uint64_t se
   }
 }
 
+// Integer pow goes through double pow and truncates, as on the CPU, where glibc's pow is exact
+// whenever the result is representable (3^4 is 81, not 80.99999999999999). CUDA's pow promises
+// 2 ulp; a result within 1e-12 of an integer is taken as that integer so that truncation agrees.
+__device__ __forceinline__ double snap_to_integer(double r) {
+  const double k = rint(r);
+  return fabs(r - k) <= 1e-12 * fabs(k) ? k : r;
+}
+
 // out may alias x.
 template <class T>
 __global__ void unary_kernel(UnaryOp op, const T* x, T* out, int64_t n, calc_t<T> a, calc_t<T> b) {
   using C = calc_t<T>;
-  EMBER_GRID_STRIDE_LOOP(i, n) out[i] = from_calc<T>(math::unary<C>(op, to_calc<T>(x[i]), a, b));
+  EMBER_GRID_STRIDE_LOOP(i, n) {
+    C r = math::unary<C>(op, to_calc<T>(x[i]), a, b);
+    if constexpr (std::is_integral_v<T>) {
+      if (op == UnaryOp::Pow) r = snap_to_integer(r);
+    }
+    out[i] = from_calc<T>(r);
+  }
 }
 
 // x or y may be null for ops whose derivative does not read them (they read as 0, as on the CPU).
@@ -89,7 +103,11 @@ template <class T>
 __global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, Strided s, int64_t n) {
   using C = calc_t<T>;
   for_each_strided<2>(s, n, [&](int64_t o, const int64_t (&off)[2]) {
-    out[o] = from_calc<T>(math::binary<C>(op, to_calc<T>(a[off[0]]), to_calc<T>(b[off[1]])));
+    C r = math::binary<C>(op, to_calc<T>(a[off[0]]), to_calc<T>(b[off[1]]));
+    if constexpr (std::is_integral_v<T>) {
+      if (op == BinaryOp::Pow) r = snap_to_integer(r);
+    }
+    out[o] = from_calc<T>(r);
   });
 }
 

@@ -169,7 +169,7 @@ void launch_reduce(const T* x, typename R::Out* out, int64_t outer, int64_t n, i
     e = cudaGetLastError();
   }
   release(partial, bytes);
-  ::ember::cuda::detail::check_cuda(e, "reduce kernel launch", __FILE__, __LINE__);
+  ::ember::cuda::internal::check_cuda(e, "reduce kernel launch", __FILE__, __LINE__);
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+#pragma once
+// 2-D convolution on CUDA through cuDNN (host code). For each distinct problem (shapes, strides,
+// padding, dilation, groups, dtype, device) the descriptors and the algorithms of the three
+// passes are chosen once, by cuDNN's heuristics (cudnnGet*Algorithm_v7, the first algorithm
+// whose workspace fits), and cached; later calls only launch. fp32 runs without TF32 (FMA math),
+// so results match the CPU reference; fp16/bf16 use tensor cores with fp32 accumulation.
+//
+// This uses cuDNN's classic convolution API, which cuDNN 9 still ships (marked deprecated in
+// favour of the graph API); the deprecation warnings are silenced here, and only here.
+#include <cudnn.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "ember/backend/cuda/cudnn.hpp"
+#include "ember/core/backend.hpp"
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+#if defined(__NVCC__)
+#pragma nv_diag_suppress 1444  // "declared deprecated"
+#endif
+
+namespace ember::cuda {
+
+inline cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::Float32: return CUDNN_DATA_FLOAT;
+    case DType::Float64: return CUDNN_DATA_DOUBLE;
+    case DType::Float16: return CUDNN_DATA_HALF;
+    case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
+    default: throw DTypeError(::ember::detail::str_cat("conv2d: unsupported dtype ", dtype_name(t), " on cuda"));
+  }
+}
+
+// Descriptors and chosen algorithms for one convolution problem.
+class ConvPlan {
+ public:
+  ConvPlan(const Conv2dArgs& a, int device) : device_(device) {
+    const cudnnDataType_t dt = cudnn_dtype(a.dtype);
+    // Accumulate in fp32 for the 16-bit types, in the data type otherwise.
+    const cudnnDataType_t compute = (a.dtype == DType::Float64) ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    EMBER_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_));
+    EMBER_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
+    EMBER_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
+    EMBER_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
+    EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, dt, static_cast<int>(a.n),
+                                                 static_cast<int>(a.c_in), static_cast<int>(a.h), static_cast<int>(a.w)));
+    EMBER_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, dt, CUDNN_TENSOR_NCHW, static_cast<int>(a.c_out),
+                                                 static_cast<int>(a.c_in / a.groups), static_cast<int>(a.kh),
+                                                 static_cast<int>(a.kw)));
+    EMBER_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, static_cast<int>(a.pad_h), static_cast<int>(a.pad_w),
+                                                      static_cast<int>(a.stride_h), static_cast<int>(a.stride_w),
+                                                      static_cast<int>(a.dil_h), static_cast<int>(a.dil_w),
+                                                      CUDNN_CROSS_CORRELATION, compute));
+    EMBER_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_, static_cast<int>(a.groups)));
+    EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(
+        conv_, (a.dtype == DType::Float16 || a.dtype == DType::BFloat16) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, dt, static_cast<int>(a.n),
+                                                 static_cast<int>(a.c_out), static_cast<int>(a.out_h),
+                                                 static_cast<int>(a.out_w)));
+    cudnnHandle_t h = cudnn_handle(device);
+    constexpr int kMax = 16;
+    int got = 0;
+    {
+      cudnnConvolutionFwdAlgoPerf_t perf[kMax];
+      EMBER_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, kMax, &got, perf));
+      fwd_ = pick(perf, got).algo;
+      EMBER_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, fwd_, &fwd_ws_));
+    }
+    {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
+      EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, kMax, &got, perf));
+      bwd_data_ = pick(perf, got).algo;
+      EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_, y_, conv_, x_, bwd_data_, &bwd_data_ws_));
+    }
+    {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
+      EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, kMax, &got, perf));
+      bwd_filter_ = pick(perf, got).algo;
+      EMBER_CUDNN_CHECK(
+          cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_, bwd_filter_, &bwd_filter_ws_));
+    }
+  }
+  ~ConvPlan() {
+    cudnnDestroyTensorDescriptor(x_);
+    cudnnDestroyTensorDescriptor(y_);
+    cudnnDestroyFilterDescriptor(w_);
+    cudnnDestroyConvolutionDescriptor(conv_);
+  }
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+
+  void forward(const void* x, const void* w, void* y, DType t) {
+    Workspace ws(device_, fwd_ws_);
+    Scalars s(t);
+    EMBER_CUDNN_CHECK(cudnnConvolutionForward(cudnn_handle(device_), s.one(), x_, x, w_, w, conv_, fwd_, ws.ptr,
+                                              fwd_ws_, s.zero(), y_, y));
+  }
+  void backward_input(const void* gy, const void* w, void* gx, DType t) {
+    Workspace ws(device_, bwd_data_ws_);
+    Scalars s(t);
+    EMBER_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_handle(device_), s.one(), w_, w, y_, gy, conv_, bwd_data_,
+                                                   ws.ptr, bwd_data_ws_, s.zero(), x_, gx));
+  }
+  void backward_weight(const void* x, const void* gy, void* gw, DType t) {
+    Workspace ws(device_, bwd_filter_ws_);
+    Scalars s(t);
+    EMBER_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_handle(device_), s.one(), x_, x, y_, gy, conv_,
+                                                     bwd_filter_, ws.ptr, bwd_filter_ws_, s.zero(), w_, gw));
+  }
+
+ private:
+  static constexpr size_t kMaxWorkspace = size_t{1} << 30;
+
+  // The fastest successful algorithm within the workspace limit (the list is sorted by speed).
+  template <class Perf>
+  static const Perf& pick(const Perf* perf, int n) {
+    for (int i = 0; i < n; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) return perf[i];
+    throw CudnnError("conv2d: cuDNN found no algorithm for this convolution");
+  }
+
+  // Workspace from ember's stream-ordered allocator, returned when the call has been queued.
+  struct Workspace {
+    Workspace(int device, size_t bytes) : device(device), bytes(bytes) {
+      if (bytes) ptr = backend_for(Device::cuda(device)).allocate(bytes);
+    }
+    ~Workspace() {
+      if (ptr) backend_for(Device::cuda(device)).deallocate(ptr, bytes);
+    }
+    int device;
+    size_t bytes;
+    void* ptr = nullptr;
+  };
+
+  // alpha = 1, beta = 0 in the type cuDNN expects: double for double data, float otherwise.
+  struct Scalars {
+    explicit Scalars(DType t) : is_double(t == DType::Float64) {}
+    const void* one() const { return is_double ? static_cast<const void*>(&d1) : static_cast<const void*>(&f1); }
+    const void* zero() const { return is_double ? static_cast<const void*>(&d0) : static_cast<const void*>(&f0); }
+    bool is_double;
+    float f1 = 1.0f, f0 = 0.0f;
+    double d1 = 1.0, d0 = 0.0;
+  };
+
+  int device_;
+  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd_{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data_{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter_{};
+  size_t fwd_ws_ = 0, bwd_data_ws_ = 0, bwd_filter_ws_ = 0;
+};
+
+// The plan for a problem, created on first use and kept for the life of the program.
+inline ConvPlan& conv_plan(const Conv2dArgs& a, int device) {
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t, int64_t>;
+  static std::mutex mu;
+  static auto* cache = new std::map<Key, std::unique_ptr<ConvPlan>>();  // never freed: outlives static destruction
+  Key k{device, static_cast<int>(a.dtype), a.n, a.c_in, a.h, a.w, a.c_out, a.kh, a.kw, a.stride_h, a.stride_w,
+        a.pad_h, a.pad_w, a.dil_h * 1000 + a.dil_w, a.groups, 0};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(k);
+  if (it == cache->end()) it = cache->emplace(k, std::make_unique<ConvPlan>(a, device)).first;
+  return *it->second;
+}
+
+}  // namespace ember::cuda
+
+#if defined(__NVCC__)
+#pragma nv_diag_default 1444
+#endif
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
