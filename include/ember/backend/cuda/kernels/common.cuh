@@ -112,13 +112,13 @@ inline Strided coalesce(const StridedArgs& s, int nops) {
     for (int k = 0; k < nops; ++k) r.stride[k][r.ndim] = src_strides[k][d];
     ++r.ndim;
   }
+  if (r.ndim == 0) return r;  // a single element
   // Merge dimension d into d+1 when every operand walks them as one: stride[d] == stride[d+1] * shape[d+1].
-  int out = r.ndim > 0 ? r.ndim - 1 : -1;  // the last kept (merged) dimension, filled from the back
+  // m is filled from the back; w is the dimension being merged into.
   Strided m;
-  if (r.ndim == 0) return m;
   int w = kMaxDims - 1;
-  m.shape[w] = r.shape[out];
-  for (int k = 0; k < nops; ++k) m.stride[k][w] = r.stride[k][out];
+  m.shape[w] = r.shape[r.ndim - 1];
+  for (int k = 0; k < nops; ++k) m.stride[k][w] = r.stride[k][r.ndim - 1];
   for (int d = r.ndim - 2; d >= 0; --d) {
     bool merge = true;
     for (int k = 0; k < nops; ++k)
