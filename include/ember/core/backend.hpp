@@ -69,6 +69,27 @@ struct GemmArgs {
   double alpha = 1.0, beta = 0.0;
 };
 
+// A 2-D convolution problem, NCHW: x [n, c_in, h, w], weight [c_out, c_in/groups, kh, kw],
+// y [n, c_out, out_h, out_w] (cross-correlation, as every deep-learning framework computes).
+struct Conv2dArgs {
+  DType dtype = DType::Float32;
+  int64_t n = 0, c_in = 0, h = 0, w = 0;
+  int64_t c_out = 0, kh = 0, kw = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+  int64_t out_h = 0, out_w = 0;
+};
+
+// A 2-D pooling problem, NCHW. Window o along an axis spans [o*stride - pad, o*stride - pad + k)
+// clipped to the input, or, when `adaptive`, [floor(o*in/out), ceil((o+1)*in/out)).
+struct Pool2dArgs {
+  DType dtype = DType::Float32;
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t out_h = 0, out_w = 0;
+  bool count_include_pad = true;  // average pooling: padding counts in the divisor
+  bool adaptive = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
