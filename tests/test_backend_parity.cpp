@@ -568,6 +568,32 @@ TEST_CASE("parity: gemm", "[cuda][parity]") {
           CHECK(bad == 0);
         }
   }
+  SECTION("k = 0 scales C by beta; vectors (m = 1, n = 1)") {
+    for (DType t : kFloatDTypes) {
+      struct Case {
+        int64_t m, n, k;
+      };
+      for (const Case& cs : {Case{5, 4, 0}, Case{1, 7, 5}, Case{6, 1, 3}, Case{1, 1, 9}}) {
+        GemmArgs g;
+        g.dtype = t;
+        g.m = cs.m; g.n = cs.n; g.k = cs.k; g.batch = 2;
+        g.lda = std::max<int64_t>(cs.k, 1); g.ldb = cs.n; g.ldc = cs.n;
+        g.stride_a = cs.m * cs.k; g.stride_b = cs.k * cs.n; g.stride_c = cs.m * cs.n;
+        g.alpha = 1.0;
+        g.beta = 0.5;
+        Pair a = small_ints({std::max<int64_t>(2 * g.stride_a, 1)}, t, -3, 4);
+        Pair b = small_ints({std::max<int64_t>(2 * g.stride_b, 1)}, t, -3, 4);
+        Pair c = small_ints({2 * g.stride_c}, t, -3, 4);
+        GemmArgs gc = g, gg = g;
+        gc.a = a.cp(); gc.b = b.cp(); gc.c = c.cp();
+        gg.a = a.gp(); gg.b = b.gp(); gg.c = c.gp();
+        cpu_be().gemm(gc);
+        gpu_be().gemm(gg);
+        expect_close(c, 1e-4, 1e-4, "gemm " + str(t) + " m=" + std::to_string(cs.m) + " n=" + std::to_string(cs.n) +
+                                        " k=" + std::to_string(cs.k));
+      }
+    }
+  }
   SECTION("unsupported dtypes are a DTypeError naming op, dtype and device") {
     GemmArgs g;
     g.dtype = DType::Int32;

@@ -67,10 +67,11 @@ inline void gemm(int device, const GemmArgs& g) {
   EMBER_CHECK(g.m > 0 && g.n > 0 && g.k >= 0 && g.batch > 0, ValueError, "gemm: bad sizes m=", g.m, " n=", g.n,
               " k=", g.k, " batch=", g.batch, " on cuda:", device);
   // cuBLAS wants ld >= max(1, rows of the column-major operand); a leading dimension is never used
-  // for addressing when the operand has a single column, so callers may pass anything there.
+  // for addressing when the operand has a single column or no rows (k = 0), so callers may pass
+  // anything there (the CPU backend accepts that too).
   auto fix_ld = [](int64_t ld, int64_t rows, int64_t cols) {
     const int64_t need = rows > 1 ? rows : 1;
-    return (cols <= 1 && ld < need) ? need : ld;
+    return ((cols <= 1 || rows == 0) && ld < need) ? need : ld;
   };
   // Rows and columns of each operand as cuBLAS sees it stored (column-major, the transpose).
   const int64_t b_rows = g.trans_b ? g.k : g.n, b_cols = g.trans_b ? g.n : g.k;
