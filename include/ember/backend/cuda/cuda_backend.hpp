@@ -83,7 +83,7 @@ class UploadStaging {
     }
     if (buf == nullptr) {
       if (buffers_.size() >= kMaxBuffers) return false;
-      size_t cap = size_t{1} << 16;
+      size_t cap = size_t{1} << 20;  // at least 1 MiB, so a buffer serves many later uploads
       while (cap < bytes) cap *= 2;
       Buffer b;
       if (cudaHostAlloc(&b.ptr, cap, cudaHostAllocDefault) != cudaSuccess) {
