@@ -109,6 +109,7 @@ const std::vector<std::pair<Shape, Shape>>& broadcast_cases() {
   static const std::vector<std::pair<Shape, Shape>> cases = {
       {Shape{3, 1, 4}, Shape{2, 4}}, {Shape{}, Shape{2, 3}}, {Shape{2, 3}, Shape{}},
       {Shape{2, 3}, Shape{2, 3}},    {Shape{4, 1}, Shape{1, 5}}, {Shape{2, 1, 3}, Shape{2, 4, 1}},
+      {Shape{2, 1, 3, 1, 2}, Shape{4, 1}},
   };
   return cases;
 }
@@ -536,6 +537,36 @@ TEST_CASE("binary ops float16 and bfloat16 forward broadcast within 1e-3 / 1e-2 
   }
 }
 
+TEST_CASE("unary and binary backward float32 matches float64 (same kernels, another dtype)", "[elementwise][grad]") {
+  // d/dx sum(w * f(x)) computed in float32 and in float64 from the same (float32-exact) values.
+  auto grads = [](const std::function<AnyTensor(const std::vector<AnyTensor>&)>& f, std::vector<AnyTensor> in,
+                  const AnyTensor& w) {
+    for (AnyTensor& x : in) x.set_requires_grad();
+    op::sum(op::mul(f(in), w.to(in[0].dtype()))).backward();
+    std::vector<std::vector<double>> g;
+    for (const AnyTensor& x : in) g.push_back(vals(x.grad()));
+    return g;
+  };
+  for (const UnaryCase& uc : unary_cases()) {
+    INFO(uc.name);
+    AnyTensor x = exact_lowp_values({3, 5}, 3, uc.lo, uc.hi), w = exact_lowp_values({3, 5}, 4, -2, 2);
+    if (std::string(uc.name) != "sign") push_away(x, {0.0, -0.5, 1.0}, 1.0 / 64);  // kinks of abs/relu/clamp
+    auto f = [&uc](const std::vector<AnyTensor>& in) { return uc.fn(in[0]); };
+    auto g64 = grads(f, {x.clone()}, w), g32 = grads(f, {x.to(DType::Float32)}, w);
+    check_close(g32[0], g64[0], 1e-4, 1e-6);
+  }
+  for (const BinaryCase& bc : binary_cases()) {
+    INFO(bc.name);
+    AnyTensor a = exact_lowp_values({3, 1, 4}, 5, bc.op == BinaryOp::Pow ? 0.25 : -2, 2);
+    AnyTensor b = exact_lowp_values({2, 4}, 6, bc.blo, bc.bhi), w = exact_lowp_values({3, 2, 4}, 7, -2, 2);
+    auto f = [&bc](const std::vector<AnyTensor>& in) { return op::binary(bc.op, in[0], in[1]); };
+    auto g64 = grads(f, {a.clone(), b.clone()}, w);
+    auto g32 = grads(f, {a.to(DType::Float32), b.to(DType::Float32)}, w);
+    check_close(g32[0], g64[0], 1e-4, 1e-5);
+    check_close(g32[1], g64[1], 1e-4, 1e-5);
+  }
+}
+
 TEST_CASE("typed operators float16 x*2, 1-x, x/4 and half + half", "[elementwise][forward][lowp]") {
   Tensor<float> xf = Tensor<float>::from_vector({0.5f, -1.25f, 2.0f, 3.75f}, {4});
   Tensor<half> x = xf.to<half>();
@@ -544,6 +575,47 @@ TEST_CASE("typed operators float16 x*2, 1-x, x/4 and half + half", "[elementwise
   check_close(vals(x / 4.0), {0.125, -0.3125, 0.5, 0.9375}, 0);
   check_close(vals(x + x), {1, -2.5, 4, 7.5}, 0);
   check_close(vals(-x), {-0.5, 1.25, -2, -3.75}, 0);
+}
+
+TEST_CASE("typed functions float32: ember::exp, log, gelu, pow, clamp, maximum ... keep Tensor<float>",
+          "[elementwise][forward]") {
+  Tensor<float> x = Tensor<float>::from_vector({0.25f, 1.0f, 2.0f}, {3});
+  Tensor<float> y = Tensor<float>::from_vector({1.0f, 0.5f, 4.0f}, {3});
+  std::vector<double> xv = {0.25, 1, 2}, yv = {1, 0.5, 4};
+  auto each = [&](double (*f)(double)) {
+    std::vector<double> r;
+    for (double v : xv) r.push_back(f(v));
+    return r;
+  };
+  check_close(vals(ember::exp(x)), each([](double v) { return std::exp(v); }), 1e-6);
+  check_close(vals(ember::log(x)), each([](double v) { return std::log(v); }), 1e-6, 1e-7);
+  check_close(vals(ember::sqrt(x)), each([](double v) { return std::sqrt(v); }), 1e-6);
+  check_close(vals(ember::tanh(x)), each([](double v) { return std::tanh(v); }), 1e-6);
+  check_close(vals(ember::sigmoid(x)), each([](double v) { return 1 / (1 + std::exp(-v)); }), 1e-6);
+  check_close(vals(ember::silu(x)), each([](double v) { return v / (1 + std::exp(-v)); }), 1e-6);
+  check_close(vals(ember::gelu(x)), each(gelu_ref), 1e-6);
+  check_close(vals(ember::gelu(x, true)), each(gelu_tanh_ref), 1e-6);
+  check_close(vals(ember::square(x)), {0.0625, 1, 4}, 0);
+  check_close(vals(ember::reciprocal(x)), {4, 1, 0.5}, 0);
+  check_close(vals(ember::neg(x)), {-0.25, -1, -2}, 0);
+  check_close(vals(ember::abs(ember::neg(x))), xv, 0);
+  check_close(vals(ember::relu(ember::neg(x))), {0, 0, 0}, 0);
+  check_close(vals(ember::sign(ember::neg(x))), {-1, -1, -1}, 0);
+  check_close(vals(ember::pow(x, 2.0)), {0.0625, 1, 4}, 0);
+  check_close(vals(ember::pow(x, y)), {0.25, 1, 16}, 1e-6);
+  check_close(vals(ember::clamp(x, 0.5, 1.5)), {0.5, 1, 1.5}, 0);
+  check_close(vals(ember::maximum(x, y)), {1, 1, 4}, 0);
+  check_close(vals(ember::minimum(x, y)), {0.25, 0.5, 2}, 0);
+  check_close(vals(ember::add(x, y)), {1.25, 1.5, 6}, 0);
+  check_close(vals(ember::sub(x, y)), {-0.75, 0.5, -2}, 0);
+  check_close(vals(ember::mul(x, y)), {0.25, 0.5, 8}, 0);
+  check_close(vals(ember::div(x, y)), {0.25, 2, 0.5}, 0);
+  check_close(vals(x + 1.0), {1.25, 2, 3}, 0);
+  check_close(vals(1.0 + x), {1.25, 2, 3}, 0);
+  check_close(vals(x - 1.0), {-0.75, 0, 1}, 0);
+  check_close(vals(x * 4.0), {1, 4, 8}, 0);
+  check_close(vals(4.0 * x), {1, 4, 8}, 0);
+  check_close(vals(2.0 / x), {8, 2, 1}, 0);
 }
 
 TEST_CASE("binary float32 shape, dtype and device errors", "[elementwise][errors]") {

@@ -256,6 +256,103 @@ TEST_CASE("matmul float16 and bfloat16 random inputs within 1e-3 / 1e-2 of float
   }
 }
 
+namespace {
+// C[q] = alpha op(A[q]) op(B[q]) + beta C[q] by loops, for padded leading dimensions and batch strides.
+std::vector<double> ref_gemm(const GemmArgs& g, const std::vector<double>& a, const std::vector<double>& b,
+                             std::vector<double> c) {
+  for (int64_t q = 0; q < g.batch; ++q)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < g.k; ++p) {
+          const double av = g.trans_a ? a[static_cast<size_t>(q * g.stride_a + p * g.lda + i)]
+                                      : a[static_cast<size_t>(q * g.stride_a + i * g.lda + p)];
+          const double bv = g.trans_b ? b[static_cast<size_t>(q * g.stride_b + j * g.ldb + p)]
+                                      : b[static_cast<size_t>(q * g.stride_b + p * g.ldb + j)];
+          s += av * bv;
+        }
+        double& cv = c[static_cast<size_t>(q * g.stride_c + i * g.ldc + j)];
+        cv = g.alpha * s + g.beta * cv;
+      }
+  return c;
+}
+}  // namespace
+
+TEST_CASE("gemm backend float32 float64 float16 bfloat16: alpha, beta, padded leading dims, batch strides",
+          "[linalg][backend]") {
+  const int64_t m = 3, n = 4, k = 5, pad = 2, batch = 2;
+  for (DType t : {DType::Float64, DType::Float32, DType::Float16, DType::BFloat16}) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        INFO(dtype_name(t) << " trans_a " << ta << " trans_b " << tb);
+        GemmArgs g;
+        g.dtype = t;
+        g.trans_a = ta;
+        g.trans_b = tb;
+        g.m = m;
+        g.n = n;
+        g.k = k;
+        g.lda = (ta ? m : k) + pad;
+        g.ldb = (tb ? k : n) + pad;
+        g.ldc = n + pad;
+        g.stride_a = (ta ? k : m) * g.lda + 1;
+        g.stride_b = (tb ? n : k) * g.ldb + 3;
+        g.stride_c = m * g.ldc + 2;
+        g.batch = batch;
+        g.alpha = 2.0;
+        g.beta = 0.5;
+        // Small integers: every product, sum and the alpha/beta scaling are exact in all four formats.
+        auto ints = [](int64_t count, uint64_t seed) {
+          std::vector<double> v = vals(rand1({count}, seed, -3, 4));
+          for (double& x : v) x = std::floor(x);
+          return v;
+        };
+        std::vector<double> av = ints(batch * g.stride_a, 21), bv = ints(batch * g.stride_b, 22);
+        std::vector<double> cv = ints(batch * g.stride_c, 23);
+        for (double& x : cv) x *= 2;  // beta * c stays an integer
+        AnyTensor A = dt(av, {static_cast<int64_t>(av.size())}).to(t), B = dt(bv, {static_cast<int64_t>(bv.size())}).to(t);
+        AnyTensor C = dt(cv, {static_cast<int64_t>(cv.size())}).to(t);
+        g.a = A.data_ptr();
+        g.b = B.data_ptr();
+        g.c = C.data_ptr();
+        cpu_backend().gemm(g);
+        // Elements outside the matrices (padding, gaps between batch entries) keep their values.
+        check_close(vals(C), ref_gemm(g, av, bv, cv), 0);
+      }
+  }
+}
+
+TEST_CASE("gemm_plain float32 and float64 (the loop used without BLAS) vs naive reference", "[linalg][backend]") {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      INFO("trans_a " << ta << " trans_b " << tb);
+      GemmArgs g;
+      g.trans_a = ta;
+      g.trans_b = tb;
+      g.m = 7;
+      g.n = 5;
+      g.k = 6;
+      g.lda = (ta ? g.m : g.k) + 1;
+      g.ldb = (tb ? g.k : g.n) + 2;
+      g.ldc = g.n + 3;
+      g.alpha = 1.5;
+      g.beta = -0.5;
+      std::vector<double> av = vals(rand1({(ta ? g.k : g.m) * g.lda}, 31));
+      std::vector<double> bv = vals(rand1({(tb ? g.n : g.k) * g.ldb}, 32));
+      std::vector<double> cv = vals(rand1({g.m * g.ldc}, 33));
+      av[2] = 0;  // a zero in A (the loop skips its products)
+      std::vector<double> want = ref_gemm(g, av, bv, cv);
+      std::vector<double> c64 = cv;
+      cpu::gemm_plain<double>(ta, tb, g.m, g.n, g.k, g.alpha, av.data(), g.lda, bv.data(), g.ldb, g.beta, c64.data(),
+                              g.ldc);
+      check_close(c64, want, 1e-13, 1e-14);
+      std::vector<float> a32(av.begin(), av.end()), b32(bv.begin(), bv.end()), c32(cv.begin(), cv.end());
+      cpu::gemm_plain<float>(ta, tb, g.m, g.n, g.k, 1.5f, a32.data(), g.lda, b32.data(), g.ldb, -0.5f, c32.data(),
+                             g.ldc);
+      check_close(std::vector<double>(c32.begin(), c32.end()), want, 1e-5, 1e-5);
+    }
+}
+
 TEST_CASE("matmul typed float32 Tensor<float> wrapper and shape errors", "[linalg][errors]") {
   Tensor<float> a = Tensor<float>::from_vector({1, 2, 3, 4}, {2, 2});
   Tensor<float> b = Tensor<float>::from_vector({0, 1, 1, 0}, {2, 2});

@@ -415,6 +415,23 @@ TEST_CASE("log_softmax float32 and float64 stable with huge logits 1e4 and -1e4"
   }
 }
 
+TEST_CASE("typed reductions and softmax float32 keep Tensor<float>: ember::sum, mean, max, min, argmin, softmax",
+          "[reduce][softmax][forward]") {
+  Tensor<float> x = Tensor<float>::from_vector({1, 4, 2, 8, 5, 7}, {2, 3});
+  Tensor<float> s = ember::sum(x, {1});
+  check_close(vals(s), {7, 20}, 0);
+  check_close(vals(ember::mean(x, {0}, true)), {4.5, 4.5, 4.5}, 0);
+  CHECK(ember::mean(x, {0}, true).shape() == Shape{1, 3});
+  check_close(vals(ember::max(x)), {8}, 0);
+  check_close(vals(ember::min(x, {1})), {1, 5}, 0);
+  Tensor<int64_t> am = ember::argmin(x, {0});
+  check_close(vals(am), {0, 0, 0}, 0);
+  Tensor<float> sm = ember::softmax(x, 0);
+  check_close(vals(ember::sum(sm, {0})), {1, 1, 1}, 1e-6);
+  Tensor<float> lsm = ember::log_softmax(x);
+  check_close(vals(ember::sum(ember::exp(lsm), {1})), {1, 1}, 1e-6);
+}
+
 TEST_CASE("softmax float32 of a 0-d tensor is 1, log_softmax 0", "[softmax][forward]") {
   AnyTensor s = dt({3.5}, {}).to(DType::Float32);
   check_close(vals(op::softmax(s)), {1}, 0);

@@ -383,6 +383,25 @@ TEST_CASE("split and chunk float64 forward vs loop reference, chunk sizes like t
   CHECK_THROWS_AS(op::chunk(x, 0, 0), ValueError);
 }
 
+TEST_CASE("typed shape functions float32 keep Tensor<float>: permute, transpose, expand, unsqueeze, concat, chunk",
+          "[shape][forward]") {
+  Tensor<float> x = Tensor<float>::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  check_close(vals(ember::transpose(x)), {1, 4, 2, 5, 3, 6});
+  check_close(vals(ember::permute(x, {1, 0})), {1, 4, 2, 5, 3, 6});
+  CHECK(ember::unsqueeze(x, 1).shape() == Shape{2, 1, 3});
+  CHECK(ember::squeeze(ember::unsqueeze(x, 0), 0).shape() == Shape{2, 3});
+  CHECK(ember::flatten(x).shape() == Shape{6});
+  Tensor<float> e = ember::expand(Tensor<float>::from_vector({1, 2}, {2, 1}), Shape{2, 2});
+  check_close(vals(e), {1, 1, 2, 2});
+  Tensor<float> c = ember::concat(std::vector<Tensor<float>>{x, x}, 1);
+  CHECK(c.shape() == Shape{2, 6});
+  check_close(vals(c), {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6});
+  std::vector<Tensor<float>> parts = ember::chunk(c, 2, 1);
+  REQUIRE(parts.size() == 2);
+  check_close(vals(parts[0]), vals(x));
+  check_close(vals(parts[1]), vals(x));
+}
+
 TEST_CASE("slice select float32 values are views; clone copies", "[shape][tensor][forward]") {
   Tensor<float> x = Tensor<float>::from_vector({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {4, 3});
   Tensor<float> s = x.slice(1, 3);
