@@ -132,6 +132,15 @@ std::vector<ParityCase> cases() {
                }});
   c.push_back({"where", {{3, 4}, {3, 4}}, [](V x) { return op::where(op::gt(x[0], x[1]), x[0], x[1]); }});
   c.push_back({"compare", {{3, 4}, {4}}, [](V x) { return op::le(x[0], x[1]); }, -2, 2, false, false});
+  c.push_back({"conv2d 3x3 pad 1 + bias", {{2, 3, 9, 8}, {5, 3, 3, 3}, {5}},
+               [](V x) { return op::conv2d(x[0], x[1], x[2], {{1, 1}, {1, 1}, {1, 1}, 1}); }, -1, 1, true});
+  c.push_back({"conv2d stride 2 dilation 2 groups 2", {{2, 4, 11, 10}, {6, 2, 3, 3}},
+               [](V x) { return op::conv2d(x[0], x[1], AnyTensor(), {{2, 2}, {1, 2}, {2, 2}, 2}); }, -1, 1, true});
+  c.push_back({"max_pool2d 3x3 s2 p1 ceil", {{2, 3, 9, 10}},
+               [](V x) { return op::max_pool2d(x[0], {{3, 3}, {2, 2}, {1, 1}, true}); }});
+  c.push_back({"avg_pool2d 3x3 s2 p1 exclude pad", {{2, 3, 9, 10}},
+               [](V x) { return op::avg_pool2d(x[0], {{3, 3}, {2, 2}, {1, 1}, false, false}); }});
+  c.push_back({"adaptive_avg_pool2d", {{2, 3, 9, 10}}, [](V x) { return op::adaptive_avg_pool2d(x[0], {4, 3}); }});
   return c;
 }
 

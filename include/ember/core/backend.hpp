@@ -163,6 +163,17 @@ class Backend {
   // Backward of gather: gx[o, idx[o, j, i], i] += gy[o, j, i].
   virtual void scatter_add(DType t, const void* gy, const int64_t* idx, void* gx, int64_t outer,
                            int64_t src_n, int64_t idx_n, int64_t inner) = 0;
+
+  // Convolution (floating types; no bias: the op adds it). The backward passes overwrite.
+  virtual void conv2d_forward(const Conv2dArgs& a, const void* x, const void* w, void* y) = 0;
+  virtual void conv2d_backward_input(const Conv2dArgs& a, const void* gy, const void* w, void* gx) = 0;
+  virtual void conv2d_backward_weight(const Conv2dArgs& a, const void* x, const void* gy, void* gw) = 0;
+  // Pooling (floating types). Max pooling records the flat h*w index of each window's first
+  // maximum (-1 for a window with no input element); the backward passes overwrite gx.
+  virtual void max_pool2d_forward(const Pool2dArgs& p, const void* x, void* y, int64_t* indices) = 0;
+  virtual void max_pool2d_backward(const Pool2dArgs& p, const void* gy, const int64_t* indices, void* gx) = 0;
+  virtual void avg_pool2d_forward(const Pool2dArgs& p, const void* x, void* y) = 0;
+  virtual void avg_pool2d_backward(const Pool2dArgs& p, const void* gy, void* gx) = 0;
 };
 
 namespace detail {

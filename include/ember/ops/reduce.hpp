@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ember/ops/detail/common.hpp"
+#include "ember/ops/elementwise.hpp"
 
 namespace ember::op {
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ember/backend/cpu/allocator.hpp"
+#include "ember/backend/cpu/conv.hpp"
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
 #include "ember/backend/cpu/index.hpp"
@@ -142,7 +143,62 @@ class CpuBackend : public Backend {
     });
   }
 
+  void conv2d_forward(const Conv2dArgs& a, const void* x, const void* w, void* y) override {
+    dispatch_float(a.dtype, "conv2d", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::conv2d_forward(a, static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y));
+    });
+  }
+  void conv2d_backward_input(const Conv2dArgs& a, const void* gy, const void* w, void* gx) override {
+    dispatch_float(a.dtype, "conv2d_backward", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::conv2d_backward_input(a, static_cast<const T*>(gy), static_cast<const T*>(w), static_cast<T*>(gx));
+    });
+  }
+  void conv2d_backward_weight(const Conv2dArgs& a, const void* x, const void* gy, void* gw) override {
+    dispatch_float(a.dtype, "conv2d_backward", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::conv2d_backward_weight(a, static_cast<const T*>(x), static_cast<const T*>(gy), static_cast<T*>(gw));
+    });
+  }
+  void max_pool2d_forward(const Pool2dArgs& p, const void* x, void* y, int64_t* indices) override {
+    dispatch_float(p.dtype, "max_pool2d", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::max_pool2d_forward(p, static_cast<const T*>(x), static_cast<T*>(y), indices);
+    });
+  }
+  void max_pool2d_backward(const Pool2dArgs& p, const void* gy, const int64_t* indices, void* gx) override {
+    dispatch_float(p.dtype, "max_pool2d_backward", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::max_pool2d_backward(p, static_cast<const T*>(gy), indices, static_cast<T*>(gx));
+    });
+  }
+  void avg_pool2d_forward(const Pool2dArgs& p, const void* x, void* y) override {
+    dispatch_float(p.dtype, "avg_pool2d", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::avg_pool2d_forward(p, static_cast<const T*>(x), static_cast<T*>(y));
+    });
+  }
+  void avg_pool2d_backward(const Pool2dArgs& p, const void* gy, void* gx) override {
+    dispatch_float(p.dtype, "avg_pool2d_backward", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::avg_pool2d_backward(p, static_cast<const T*>(gy), static_cast<T*>(gx));
+    });
+  }
+
  private:
+  // Floating types only; the ops check first, so another dtype here is a bug in the caller.
+  template <class F>
+  static void dispatch_float(DType t, const char* op, F&& f) {
+    switch (t) {
+      case DType::Float32: f(float{}); return;
+      case DType::Float64: f(double{}); return;
+      case DType::Float16: f(half{}); return;
+      case DType::BFloat16: f(bfloat16{}); return;
+      default: throw DTypeError(detail::str_cat(op, ": unsupported dtype ", dtype_name(t), " on cpu"));
+    }
+  }
+
   HostAllocator alloc_;
 };
 

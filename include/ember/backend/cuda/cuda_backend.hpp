@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "ember/backend/cuda/allocator.hpp"
+#include "ember/backend/cuda/conv.hpp"
 #include "ember/backend/cuda/cublas.hpp"
 #include "ember/backend/cuda/kernels/elementwise.cuh"
 #include "ember/backend/cuda/kernels/index.cuh"
+#include "ember/backend/cuda/kernels/pool.cuh"
 #include "ember/backend/cuda/kernels/reduce.cuh"
 #include "ember/backend/cuda/kernels/softmax.cuh"
 #include "ember/backend/cuda/runtime.hpp"
@@ -450,6 +452,62 @@ class CudaBackend final : public Backend {
       using T = decltype(tag);
       scatter_add_kernel<T><<<grid(total), kThreads, 0, stream_>>>(static_cast<const T*>(gy), idx, static_cast<T*>(gx),
                                                                   src_n, idx_n, inner, total);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+
+  // ---- convolution (cuDNN) and pooling
+  void conv2d_forward(const Conv2dArgs& a, const void* x, const void* w, void* y) override {
+    Guard g(device_);
+    ::ember::cuda::conv_plan(a, device_).forward(x, w, y, a.dtype);
+  }
+  void conv2d_backward_input(const Conv2dArgs& a, const void* gy, const void* w, void* gx) override {
+    Guard g(device_);
+    ::ember::cuda::conv_plan(a, device_).backward_input(gy, w, gx, a.dtype);
+  }
+  void conv2d_backward_weight(const Conv2dArgs& a, const void* x, const void* gy, void* gw) override {
+    Guard g(device_);
+    ::ember::cuda::conv_plan(a, device_).backward_weight(x, gy, gw, a.dtype);
+  }
+  void max_pool2d_forward(const Pool2dArgs& p, const void* x, void* y, int64_t* indices) override {
+    const int64_t total = p.n * p.c * p.out_h * p.out_w;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_floating(p.dtype, "max_pool2d", device_, [&](auto tag) {
+      using T = decltype(tag);
+      max_pool2d_forward_kernel<T><<<grid(total), kThreads, 0, stream_>>>(p, static_cast<const T*>(x), static_cast<T*>(y),
+                                                                          indices);
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void max_pool2d_backward(const Pool2dArgs& p, const void* gy, const int64_t* indices, void* gx) override {
+    const int64_t total = p.n * p.c * p.h * p.w;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_floating(p.dtype, "max_pool2d_backward", device_, [&](auto tag) {
+      using T = decltype(tag);
+      max_pool2d_backward_kernel<T><<<grid(total), kThreads, 0, stream_>>>(p, static_cast<const T*>(gy), indices,
+                                                                           static_cast<T*>(gx));
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void avg_pool2d_forward(const Pool2dArgs& p, const void* x, void* y) override {
+    const int64_t total = p.n * p.c * p.out_h * p.out_w;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_floating(p.dtype, "avg_pool2d", device_, [&](auto tag) {
+      using T = decltype(tag);
+      avg_pool2d_forward_kernel<T><<<grid(total), kThreads, 0, stream_>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
+    });
+    EMBER_CUDA_CHECK_LAUNCH();
+  }
+  void avg_pool2d_backward(const Pool2dArgs& p, const void* gy, void* gx) override {
+    const int64_t total = p.n * p.c * p.h * p.w;
+    if (total <= 0) return;
+    Guard g(device_);
+    dispatch_floating(p.dtype, "avg_pool2d_backward", device_, [&](auto tag) {
+      using T = decltype(tag);
+      avg_pool2d_backward_kernel<T><<<grid(total), kThreads, 0, stream_>>>(p, static_cast<const T*>(gy), static_cast<T*>(gx));
     });
     EMBER_CUDA_CHECK_LAUNCH();
   }

@@ -1,0 +1,227 @@
+#pragma once
+// CPU reference convolution (im2col + GEMM) and pooling kernels, NCHW layout.
+#include <limits>
+#include <vector>
+
+#include "ember/backend/cpu/elementwise.hpp"
+#include "ember/backend/cpu/gemm.hpp"
+
+namespace ember::cpu {
+
+// cols[(c*kh + i)*kw + j][oy*ow + ox] = x[c][oy*sh - ph + i*dh][ox*sw - pw + j*dw] (0 outside).
+template <class T>
+void im2col(const T* x, T* cols, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a) {
+  const int64_t L = a.out_h * a.out_w;
+  for (int64_t ci = 0; ci < c; ++ci)
+    for (int64_t i = 0; i < a.kh; ++i)
+      for (int64_t j = 0; j < a.kw; ++j) {
+        T* row = cols + ((ci * a.kh + i) * a.kw + j) * L;
+        for (int64_t oy = 0; oy < a.out_h; ++oy) {
+          const int64_t iy = oy * a.stride_h - a.pad_h + i * a.dil_h;
+          for (int64_t ox = 0; ox < a.out_w; ++ox) {
+            const int64_t ix = ox * a.stride_w - a.pad_w + j * a.dil_w;
+            row[oy * a.out_w + ox] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[(ci * h + iy) * w + ix] : T(0);
+          }
+        }
+      }
+}
+
+// The adjoint of im2col: x[c][iy][ix] += cols[...] (x initialised by the caller).
+template <class T>
+void col2im(const T* cols, T* x, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a) {
+  using C = calc_t<T>;
+  const int64_t L = a.out_h * a.out_w;
+  for (int64_t ci = 0; ci < c; ++ci)
+    for (int64_t i = 0; i < a.kh; ++i)
+      for (int64_t j = 0; j < a.kw; ++j) {
+        const T* row = cols + ((ci * a.kh + i) * a.kw + j) * L;
+        for (int64_t oy = 0; oy < a.out_h; ++oy) {
+          const int64_t iy = oy * a.stride_h - a.pad_h + i * a.dil_h;
+          if (iy < 0 || iy >= h) continue;
+          for (int64_t ox = 0; ox < a.out_w; ++ox) {
+            const int64_t ix = ox * a.stride_w - a.pad_w + j * a.dil_w;
+            if (ix < 0 || ix >= w) continue;
+            T& d = x[(ci * h + iy) * w + ix];
+            d = from_calc<T>(static_cast<C>(d) + static_cast<C>(row[oy * a.out_w + ox]));
+          }
+        }
+      }
+}
+
+template <class T>
+struct ConvGeometry {
+  int64_t cin_g, cout_g, K, L;
+  explicit ConvGeometry(const Conv2dArgs& a)
+      : cin_g(a.c_in / a.groups), cout_g(a.c_out / a.groups), K(a.c_in / a.groups * a.kh * a.kw), L(a.out_h * a.out_w) {}
+};
+
+inline GemmArgs gemm_args(DType t, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                          const void* b, int64_t ldb, void* c, int64_t ldc, double beta) {
+  GemmArgs g;
+  g.dtype = t;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  g.beta = beta;
+  return g;
+}
+
+// y[n, co, oy, ox] = sum_{ci, i, j} w[co, ci, i, j] x[n, g*cin_g + ci, ...] (no bias).
+template <class T>
+void conv2d_forward(const Conv2dArgs& a, const T* x, const T* w, T* y) {
+  ConvGeometry<T> g(a);
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L));
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t gr = 0; gr < a.groups; ++gr) {
+      im2col(x + (n * a.c_in + gr * g.cin_g) * a.h * a.w, cols.data(), g.cin_g, a.h, a.w, a);
+      // y_g [cout_g, L] = W_g [cout_g, K] @ cols [K, L]
+      gemm(gemm_args(a.dtype, false, false, g.cout_g, g.L, g.K, w + gr * g.cout_g * g.K, g.K, cols.data(), g.L,
+                     y + (n * a.c_out + gr * g.cout_g) * g.L, g.L, 0.0));
+    }
+}
+
+template <class T>
+void conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, T* gx) {
+  ConvGeometry<T> g(a);
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L));
+  fill(gx, a.n * a.c_in * a.h * a.w, 0.0);
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t gr = 0; gr < a.groups; ++gr) {
+      // cols [K, L] = W_g^T [K, cout_g] @ gy_g [cout_g, L]
+      gemm(gemm_args(a.dtype, true, false, g.K, g.L, g.cout_g, w + gr * g.cout_g * g.K, g.K,
+                     gy + (n * a.c_out + gr * g.cout_g) * g.L, g.L, cols.data(), g.L, 0.0));
+      col2im(cols.data(), gx + (n * a.c_in + gr * g.cin_g) * a.h * a.w, g.cin_g, a.h, a.w, a);
+    }
+}
+
+template <class T>
+void conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw) {
+  ConvGeometry<T> g(a);
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L));
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t gr = 0; gr < a.groups; ++gr) {
+      im2col(x + (n * a.c_in + gr * g.cin_g) * a.h * a.w, cols.data(), g.cin_g, a.h, a.w, a);
+      // gW_g [cout_g, K] (+)= gy_g [cout_g, L] @ cols^T [L, K]
+      gemm(gemm_args(a.dtype, false, true, g.cout_g, g.K, g.L, gy + (n * a.c_out + gr * g.cout_g) * g.L, g.L,
+                     cols.data(), g.L, gw + gr * g.cout_g * g.K, g.K, n == 0 ? 0.0 : 1.0));
+    }
+  if (a.n == 0) fill(gw, a.c_out * g.K, 0.0);
+}
+
+// Pooling windows: [start, end) along one axis for output index o.
+inline void pool_window(const Pool2dArgs& p, bool rows, int64_t o, int64_t& start, int64_t& end) {
+  const int64_t in = rows ? p.h : p.w, out = rows ? p.out_h : p.out_w;
+  if (p.adaptive) {  // torch's adaptive pooling: floor(o*in/out) to ceil((o+1)*in/out)
+    start = (o * in) / out;
+    end = ((o + 1) * in + out - 1) / out;
+    return;
+  }
+  const int64_t k = rows ? p.kh : p.kw, s = rows ? p.stride_h : p.stride_w, pad = rows ? p.pad_h : p.pad_w;
+  start = o * s - pad;
+  end = start + k;
+}
+
+template <class T>
+void max_pool2d_forward(const Pool2dArgs& p, const T* x, T* y, int64_t* indices) {
+  using C = calc_t<T>;
+  for (int64_t nc = 0; nc < p.n * p.c; ++nc) {
+    const T* xp = x + nc * p.h * p.w;
+    for (int64_t oy = 0; oy < p.out_h; ++oy)
+      for (int64_t ox = 0; ox < p.out_w; ++ox) {
+        int64_t y0, y1, x0, x1;
+        pool_window(p, true, oy, y0, y1);
+        pool_window(p, false, ox, x0, x1);
+        C best = -std::numeric_limits<C>::infinity();
+        int64_t arg = -1;
+        for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
+          for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix) {
+            C v = static_cast<C>(xp[iy * p.w + ix]);
+            // The first maximum wins; a nan wins over numbers and then stays (torch's rule).
+            if (arg < 0 || (!math::isnan_(best) && (v > best || math::isnan_(v)))) {
+              best = v;
+              arg = iy * p.w + ix;
+            }
+          }
+        const int64_t o = nc * p.out_h * p.out_w + oy * p.out_w + ox;
+        y[o] = from_calc<T>(best);
+        indices[o] = arg;
+      }
+  }
+}
+
+template <class T>
+void max_pool2d_backward(const Pool2dArgs& p, const T* gy, const int64_t* indices, T* gx) {
+  using C = calc_t<T>;
+  fill(gx, p.n * p.c * p.h * p.w, 0.0);
+  const int64_t L = p.out_h * p.out_w;
+  for (int64_t nc = 0; nc < p.n * p.c; ++nc)
+    for (int64_t o = 0; o < L; ++o) {
+      const int64_t i = indices[nc * L + o];
+      if (i < 0) continue;
+      T& d = gx[nc * p.h * p.w + i];
+      d = from_calc<T>(static_cast<C>(d) + static_cast<C>(gy[nc * L + o]));
+    }
+}
+
+// The divisor of one average-pooling window (torch: padding counts unless count_include_pad is
+// false; the window is clipped to the padded input either way; adaptive windows count their size).
+inline int64_t avg_divisor(const Pool2dArgs& p, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
+  if (p.adaptive) return (y1 - y0) * (x1 - x0);
+  if (p.count_include_pad) {
+    const int64_t py1 = std::min(y1, p.h + p.pad_h), px1 = std::min(x1, p.w + p.pad_w);
+    return (py1 - y0) * (px1 - x0);
+  }
+  return (std::min(y1, p.h) - std::max<int64_t>(y0, 0)) * (std::min(x1, p.w) - std::max<int64_t>(x0, 0));
+}
+
+template <class T>
+void avg_pool2d_forward(const Pool2dArgs& p, const T* x, T* y) {
+  using C = calc_t<T>;
+  for (int64_t nc = 0; nc < p.n * p.c; ++nc) {
+    const T* xp = x + nc * p.h * p.w;
+    for (int64_t oy = 0; oy < p.out_h; ++oy)
+      for (int64_t ox = 0; ox < p.out_w; ++ox) {
+        int64_t y0, y1, x0, x1;
+        pool_window(p, true, oy, y0, y1);
+        pool_window(p, false, ox, x0, x1);
+        double s = 0;
+        for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
+          for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix)
+            s += static_cast<double>(static_cast<C>(xp[iy * p.w + ix]));
+        y[nc * p.out_h * p.out_w + oy * p.out_w + ox] =
+            from_calc<T>(static_cast<C>(s / static_cast<double>(avg_divisor(p, y0, y1, x0, x1))));
+      }
+  }
+}
+
+template <class T>
+void avg_pool2d_backward(const Pool2dArgs& p, const T* gy, T* gx) {
+  using C = calc_t<T>;
+  fill(gx, p.n * p.c * p.h * p.w, 0.0);
+  for (int64_t nc = 0; nc < p.n * p.c; ++nc) {
+    T* gp = gx + nc * p.h * p.w;
+    for (int64_t oy = 0; oy < p.out_h; ++oy)
+      for (int64_t ox = 0; ox < p.out_w; ++ox) {
+        int64_t y0, y1, x0, x1;
+        pool_window(p, true, oy, y0, y1);
+        pool_window(p, false, ox, x0, x1);
+        const C g = static_cast<C>(gy[nc * p.out_h * p.out_w + oy * p.out_w + ox]) /
+                    static_cast<C>(avg_divisor(p, y0, y1, x0, x1));
+        for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
+          for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix) {
+            T& d = gp[iy * p.w + ix];
+            d = from_calc<T>(static_cast<C>(d) + g);
+          }
+      }
+  }
+}
+
+}  // namespace ember::cpu
