@@ -1,0 +1,226 @@
+#pragma once
+// nn::MultiheadAttention, as torch.nn.MultiheadAttention with kdim = vdim = embed_dim:
+//   parameters  in_proj_weight [3E, E] (xavier_uniform), in_proj_bias [3E] (zeros),
+//               out_proj.weight [E, E], out_proj.bias [E] (zeros) -- out_proj is an nn::Linear
+//   (the state-dict names and order are PyTorch's, so weights move both ways).
+// forward(query, key, value, {attn_mask, key_padding_mask, is_causal}) with batch_first inputs
+// [N, L, E] (or [L, N, E] with batch_first = false; or unbatched [L, E]) returns [N, L, E].
+// Scores are q k^T / sqrt(head_dim) (q is scaled first, as PyTorch does), masked additively and
+// soft-maxed in fp32 for float16/bfloat16 activations (compute_t<T>); dropout on the attention
+// weights in training when the dropout option is > 0. When query, key and value are the same
+// tensor the three projections are one matmul.
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <utility>
+
+#include "ember/nn/dropout.hpp"
+#include "ember/nn/init.hpp"
+#include "ember/nn/linear.hpp"
+#include "ember/nn/module.hpp"
+
+namespace ember::nn {
+
+struct MultiheadAttentionOptions {
+  bool bias = true;         // in_proj_bias and out_proj.bias
+  bool batch_first = true;  // [N, L, E] (true) or [L, N, E] (false)
+  double dropout = 0.0;     // on the attention weights, in training
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// Masks for one forward call. Boolean masks are uint8 with nonzero = "may not attend" (PyTorch's
+// True); float masks are added to the scores (use -inf to block).
+struct AttentionMask {
+  AnyTensor attn_mask;         // [L, S] or [N * num_heads, L, S]
+  AnyTensor key_padding_mask;  // [N, S]
+  // Position i may attend to positions j <= i only (the top-left aligned lower triangle, like
+  // scaled_dot_product_attention's is_causal). Unlike PyTorch's MultiheadAttention, where
+  // is_causal is only a hint about attn_mask, here it builds the mask itself.
+  bool is_causal = false;
+};
+
+namespace functional {
+// Additive causal mask [L, S]: 0 where j <= i, -inf where j > i. Built on the device with arange
+// and a comparison (no host loop, no copy).
+template <Element C>
+Tensor<C> causal_mask(int64_t L, int64_t S, Device dev = Device::cpu()) {
+  auto i = Tensor<C>::arange(0.0, static_cast<double>(L), 1.0, dev).reshape({L, 1});
+  auto j = Tensor<C>::arange(0.0, static_cast<double>(S), 1.0, dev).reshape({1, S});
+  return where(gt(j, i), Tensor<C>::full(Shape{}, -std::numeric_limits<double>::infinity(), dev),
+               Tensor<C>::zeros(Shape{}, dev));
+}
+
+// A user mask as an additive float mask in C: uint8 (nonzero = blocked) becomes -inf / 0, a float
+// mask is cast. Anything else is a DTypeError.
+template <Element C>
+Tensor<C> additive_mask(const char* op, const AnyTensor& m) {
+  if (m.dtype() == DType::UInt8)
+    return where(Tensor<uint8_t>(m), Tensor<C>::full(Shape{}, -std::numeric_limits<double>::infinity(), m.device()),
+                 Tensor<C>::zeros(Shape{}, m.device()));
+  EMBER_CHECK(is_floating(m.dtype()), DTypeError, op, ": a mask must be uint8 (nonzero = blocked) or floating point ",
+              "(added to the scores), got ", m.desc());
+  return Tensor<C>(m.to(dtype_of<C>));
+}
+}  // namespace functional
+
+class MultiheadAttention : public ModuleBase<MultiheadAttention> {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions opt = {})
+      : embed_dim_(embed_dim), num_heads_(num_heads), opt_(opt) {
+    EMBER_CHECK(embed_dim > 0 && num_heads > 0, ValueError, "MultiheadAttention: embed_dim and num_heads must be ",
+                "positive, got ", embed_dim, " and ", num_heads);
+    EMBER_CHECK(embed_dim % num_heads == 0, ValueError, "MultiheadAttention: embed_dim ", embed_dim,
+                " must be divisible by num_heads ", num_heads);
+    functional::check_dropout_p("MultiheadAttention", opt.dropout);
+    head_dim_ = embed_dim / num_heads;
+    const int64_t E = embed_dim;
+    in_proj_weight = register_parameter("in_proj_weight", AnyTensor::empty({3 * E, E}, opt.dtype, opt.device));
+    init::xavier_uniform_(in_proj_weight);
+    if (opt.bias) in_proj_bias = register_parameter("in_proj_bias", AnyTensor::zeros({3 * E}, opt.dtype, opt.device));
+    out_proj = register_module(
+        "out_proj", std::make_shared<Linear>(E, E, LinearOptions{.bias = opt.bias, .dtype = opt.dtype, .device = opt.device}));
+    if (opt.bias) init::zeros_(out_proj->bias);
+  }
+  std::string type_name() const override { return "MultiheadAttention"; }
+
+  // Self-attention without a mask (query = key = value = x).
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    return attend(x, x, x, AttentionMask{}, false).first;
+  }
+  // Self-attention with masks: forward(x, {.is_causal = true}).
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x, const AttentionMask& mask) {
+    return attend(x, x, x, mask, false).first;
+  }
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                    const AttentionMask& mask = {}) {
+    return attend(query, key, value, mask, false).first;
+  }
+  // The output and the attention weights averaged over heads, [N, L, S] in compute_t<T> (after
+  // dropout, as PyTorch returns them).
+  template <Element T>
+  std::pair<Tensor<T>, Tensor<compute_t<T>>> forward_with_weights(const Tensor<T>& query, const Tensor<T>& key,
+                                                                  const Tensor<T>& value,
+                                                                  const AttentionMask& mask = {}) {
+    return attend(query, key, value, mask, true);
+  }
+
+  int64_t embed_dim() const { return embed_dim_; }
+  int64_t num_heads() const { return num_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  const MultiheadAttentionOptions& options() const { return opt_; }
+
+  AnyTensor in_proj_weight, in_proj_bias;
+  std::shared_ptr<Linear> out_proj;
+
+ private:
+  template <Element T>
+  std::pair<Tensor<T>, Tensor<compute_t<T>>> attend(const Tensor<T>& query, const Tensor<T>& key,
+                                                    const Tensor<T>& value, const AttentionMask& mask,
+                                                    bool need_weights) {
+    static_assert(std::is_floating_point_v<compute_t<T>>, "MultiheadAttention: floating-point input only");
+    using C = compute_t<T>;
+    const char* name = "MultiheadAttention";
+    op::detail::check_defined(name, query, "query");
+    op::detail::check_defined(name, key, "key");
+    op::detail::check_defined(name, value, "value");
+    op::detail::check_same_device(name, query, key);
+    op::detail::check_same_device(name, query, value);
+    const int rank = query.dim();
+    EMBER_CHECK((rank == 3 || rank == 2) && key.dim() == rank && value.dim() == rank, ShapeError, name, "(",
+                embed_dim_, ", ", num_heads_, "): query, key and value must all be 3-D (or all 2-D, unbatched), got ",
+                query.desc(), ", ", key.desc(), ", ", value.desc());
+    const int64_t E = embed_dim_, H = num_heads_, D = head_dim_;
+    for (const AnyTensor* t : {&query, &key, &value})
+      EMBER_CHECK(t->shape()[rank - 1] == E, ShapeError, name, "(", E, ", ", H, "): input ", t->desc(),
+                  " must end in embed_dim ", E);
+    const bool self_attn = query.same(key) && key.same(value);
+    // To batch-first [N, L, E].
+    auto to_nle = [&](const Tensor<T>& t) -> Tensor<T> {
+      if (rank == 2) return unsqueeze(t, 0);
+      return opt_.batch_first ? t : transpose(t, 0, 1);
+    };
+    Tensor<T> q_in = to_nle(query);
+    Tensor<T> k_in = self_attn ? q_in : to_nle(key);
+    Tensor<T> v_in = self_attn ? q_in : to_nle(value);
+    const int64_t N = q_in.shape()[0], L = q_in.shape()[1], S = k_in.shape()[1];
+    EMBER_CHECK(k_in.shape()[0] == N && v_in.shape()[0] == N, ShapeError, name, ": batch sizes differ: query ",
+                query.desc(), ", key ", key.desc(), ", value ", value.desc());
+    EMBER_CHECK(v_in.shape()[1] == S, ShapeError, name, ": key ", key.desc(), " and value ", value.desc(),
+                " must have the same sequence length");
+
+    // Input projections.
+    Tensor<T> W = param_as<T>(in_proj_weight);
+    Tensor<T> B = in_proj_bias.defined() ? param_as<T>(in_proj_bias) : Tensor<T>();
+    Tensor<T> q, k, v;
+    if (self_attn) {
+      Tensor<T> qkv = matmul(q_in, W, false, true);
+      if (B.defined()) qkv = qkv + B;
+      auto parts = split(qkv, {E, E, E}, -1);
+      q = parts[0];
+      k = parts[1];
+      v = parts[2];
+    } else {
+      auto ws = split(W, {E, E, E}, 0);
+      q = matmul(q_in, ws[0], false, true);
+      k = matmul(k_in, ws[1], false, true);
+      v = matmul(v_in, ws[2], false, true);
+      if (B.defined()) {
+        auto bs = split(B, {E, E, E}, 0);
+        q = q + bs[0];
+        k = k + bs[1];
+        v = v + bs[2];
+      }
+    }
+    // Heads: [N, H, L, D].
+    q = permute(q.reshape({N, L, H, D}), {0, 2, 1, 3}) * (1.0 / std::sqrt(static_cast<double>(D)));
+    k = permute(k.reshape({N, S, H, D}), {0, 2, 1, 3});
+    v = permute(v.reshape({N, S, H, D}), {0, 2, 1, 3});
+    Tensor<C> scores = matmul(q, k, false, true).template to<C>();  // [N, H, L, S]
+
+    if (mask.is_causal) scores = scores + functional::causal_mask<C>(L, S, scores.device());
+    if (mask.attn_mask.defined()) {
+      const AnyTensor& m = mask.attn_mask;
+      op::detail::check_same_device(name, query, m);
+      Tensor<C> am = functional::additive_mask<C>(name, m);
+      if (m.dim() == 2) {
+        EMBER_CHECK(m.shape() == (Shape{L, S}), ShapeError, name, ": attn_mask ", m.desc(), " must be [L, S] = [", L,
+                    ", ", S, "] or [N * num_heads, L, S]");
+      } else {
+        EMBER_CHECK(m.dim() == 3 && m.shape() == (Shape{N * H, L, S}), ShapeError, name, ": attn_mask ", m.desc(),
+                    " must be [L, S] or [N * num_heads, L, S] = [", N * H, ", ", L, ", ", S, "]");
+        am = am.reshape({N, H, L, S});
+      }
+      scores = scores + am;
+    }
+    if (mask.key_padding_mask.defined()) {
+      const AnyTensor& m = mask.key_padding_mask;
+      op::detail::check_same_device(name, query, m);
+      EMBER_CHECK(m.shape() == (Shape{N, S}), ShapeError, name, ": key_padding_mask ", m.desc(), " must be [N, S] = [",
+                  N, ", ", S, "]");
+      scores = scores + functional::additive_mask<C>(name, m).reshape({N, 1, 1, S});
+    }
+    Tensor<C> attn = softmax(scores, -1);
+    if (is_training() && opt_.dropout > 0.0) attn = functional::dropout(attn, opt_.dropout, true);
+    Tensor<T> ctx = matmul(attn.template to<T>(), v);                // [N, H, L, D]
+    ctx = permute(ctx, {0, 2, 1, 3}).reshape({N, L, E});              // [N, L, E]
+    Tensor<T> out = (*out_proj)(ctx);
+    Tensor<C> weights;
+    if (need_weights) weights = mean(attn, {1});  // [N, L, S]
+    if (rank == 2) {
+      out = squeeze(out, 0);
+      if (need_weights) weights = squeeze(weights, 0);
+    } else if (!opt_.batch_first) {
+      out = transpose(out, 0, 1);
+    }
+    return {out, weights};
+  }
+
+  int64_t embed_dim_, num_heads_, head_dim_ = 0;
+  MultiheadAttentionOptions opt_;
+};
+
+}  // namespace ember::nn
