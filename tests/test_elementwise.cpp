@@ -147,14 +147,14 @@ TEST_CASE("mul float64 gradcheck broadcast", "[elementwise][grad]") {
   check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::mul(a, b); }, seed, -1, 1, -1, 1);
 }
 
-TEST_CASE("div float64 gradcheck broadcast (divisor in [0.5,2))", "[elementwise][grad]") {
+TEST_CASE("div float64 gradcheck broadcast, divisor away from 0", "[elementwise][grad]") {
   auto seed = GENERATE(1u, 2u, 3u);
   INFO("seed " << seed);
   check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::div(a, b); }, seed, -1, 1, 0.5, 2.0);
   check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::div(a, b); }, seed, -1, 1, -2.0, -0.5);
 }
 
-TEST_CASE("pow float64 gradcheck tensor^tensor broadcast (base in [0.5,2))", "[elementwise][grad]") {
+TEST_CASE("pow float64 gradcheck tensor^tensor broadcast, positive base", "[elementwise][grad]") {
   auto seed = GENERATE(1u, 2u, 3u);
   INFO("seed " << seed);
   check_binary_grad([](const AnyTensor& a, const AnyTensor& b) { return op::pow(a, b); }, seed, 0.5, 2.0, -1.5, 2.5);

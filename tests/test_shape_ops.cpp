@@ -402,7 +402,7 @@ TEST_CASE("typed shape functions float32 keep Tensor<float>: permute, transpose,
   check_close(vals(parts[1]), vals(x));
 }
 
-TEST_CASE("slice select float32 values are views; clone copies", "[shape][tensor][forward]") {
+TEST_CASE("slice select float32 values are views, clone copies", "[shape][tensor][forward]") {
   Tensor<float> x = Tensor<float>::from_vector({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {4, 3});
   Tensor<float> s = x.slice(1, 3);
   CHECK(s.shape() == Shape{2, 3});
