@@ -115,7 +115,7 @@ TEST_CASE("conv2d bad input names the op and shapes", "[conv][errors]") {
   CHECK_THROWS_AS(nn::Conv2d(3, 4, 3, {.groups = 2}), ValueError);
 }
 
-TEST_CASE("nn::Conv2d: torch's parameter shapes and default init bounds; module gradients", "[conv][nn]") {
+TEST_CASE("nn::Conv2d: torch's parameter shapes and default init bounds, module gradients", "[conv][nn]") {
   nn::Conv2d conv(4, 6, {3, 2}, {.padding = {1, 0}, .groups = 2});
   CHECK(conv.weight.shape() == Shape{6, 2, 3, 2});
   CHECK(conv.bias.shape() == Shape{6});

@@ -137,7 +137,7 @@ TEST_CASE("factories: zeros, ones, full, arange, from_vector, scalar", "[core][f
   CHECK_THROWS_AS(Tensor<float>::arange(0.0, 1.0, 0.0), ValueError);
 }
 
-TEST_CASE("views share storage; clone copies", "[core][view]") {
+TEST_CASE("views share storage, clone copies", "[core][view]") {
   auto t = Tensor<float>::arange(12);
   auto r = t.reshape({3, 4});
   auto s = r.slice(1, 3);
@@ -232,7 +232,7 @@ TEST_CASE("a memory limit turns big allocations into OutOfMemory with the figure
   CHECK(big.numel() == 100000);
 }
 
-TEST_CASE("devices: cpu always exists; CUDA state is reported honestly", "[core][device]") {
+TEST_CASE("devices: cpu always exists, CUDA state is reported honestly", "[core][device]") {
   CHECK(Device::cpu().str() == "cpu");
   CHECK(Device::cuda(1).str() == "cuda:1");
   CHECK(Device::cuda(0) != Device::cpu());

@@ -1,5 +1,6 @@
 #pragma once
 // CPU reference convolution (im2col + GEMM) and pooling kernels, NCHW layout.
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -74,46 +75,102 @@ inline GemmArgs gemm_args(DType t, bool ta, bool tb, int64_t m, int64_t n, int64
   return g;
 }
 
+// Images are processed in chunks: the im2col columns of a whole chunk sit side by side, so each
+// group does one large GEMM per chunk instead of one small GEMM per image (BLAS is far more
+// efficient on the large one). A chunk's columns are kept under kConvChunkBytes.
+inline constexpr int64_t kConvChunkBytes = int64_t{32} << 20;
+
+template <class T>
+int64_t conv_chunk(const Conv2dArgs& a, int64_t K, int64_t L) {
+  const int64_t per_image = std::max<int64_t>(1, K * L * static_cast<int64_t>(sizeof(T)));
+  return std::max<int64_t>(1, std::min(a.n, kConvChunkBytes / per_image));
+}
+
+// cols [K, nb*L] for images [n0, n0+nb) of group gr: image b's columns at offset b*L.
+template <class T>
+void im2col_chunk(const Conv2dArgs& a, const T* x, int64_t n0, int64_t nb, int64_t gr, const ConvGeometry<T>& g,
+                  std::vector<T>& cols, std::vector<T>& tmp) {
+  for (int64_t b = 0; b < nb; ++b) {
+    im2col(x + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, tmp.data(), g.cin_g, a.h, a.w, a);
+    for (int64_t k = 0; k < g.K; ++k)
+      std::copy(tmp.begin() + k * g.L, tmp.begin() + (k + 1) * g.L, cols.begin() + k * nb * g.L + b * g.L);
+  }
+}
+
 // y[n, co, oy, ox] = sum_{ci, i, j} w[co, ci, i, j] x[n, g*cin_g + ci, ...] (no bias).
 template <class T>
 void conv2d_forward(const Conv2dArgs& a, const T* x, const T* w, T* y) {
   ConvGeometry<T> g(a);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L));
-  for (int64_t n = 0; n < a.n; ++n)
+  const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), tmp(static_cast<size_t>(g.K * g.L)),
+      out(static_cast<size_t>(g.cout_g * g.L * chunk));
+  for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
+    const int64_t nb = std::min(chunk, a.n - n0);
     for (int64_t gr = 0; gr < a.groups; ++gr) {
-      im2col(x + (n * a.c_in + gr * g.cin_g) * a.h * a.w, cols.data(), g.cin_g, a.h, a.w, a);
-      // y_g [cout_g, L] = W_g [cout_g, K] @ cols [K, L]
-      gemm(gemm_args(a.dtype, false, false, g.cout_g, g.L, g.K, w + gr * g.cout_g * g.K, g.K, cols.data(), g.L,
-                     y + (n * a.c_out + gr * g.cout_g) * g.L, g.L, 0.0));
+      im2col_chunk(a, x, n0, nb, gr, g, cols, tmp);
+      // out [cout_g, nb*L] = W_g [cout_g, K] @ cols [K, nb*L]
+      gemm(gemm_args(a.dtype, false, false, g.cout_g, nb * g.L, g.K, w + gr * g.cout_g * g.K, g.K, cols.data(),
+                     nb * g.L, out.data(), nb * g.L, 0.0));
+      for (int64_t b = 0; b < nb; ++b)
+        for (int64_t co = 0; co < g.cout_g; ++co)
+          std::copy(out.begin() + co * nb * g.L + b * g.L, out.begin() + co * nb * g.L + (b + 1) * g.L,
+                    y + ((n0 + b) * a.c_out + gr * g.cout_g + co) * g.L);
+    }
+  }
+}
+
+// gy of images [n0, n0+nb), group gr, gathered as [cout_g, nb*L].
+template <class T>
+void gather_gy(const Conv2dArgs& a, const T* gy, int64_t n0, int64_t nb, int64_t gr, const ConvGeometry<T>& g,
+               std::vector<T>& out) {
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t co = 0; co < g.cout_g; ++co) {
+      const T* src = gy + ((n0 + b) * a.c_out + gr * g.cout_g + co) * g.L;
+      std::copy(src, src + g.L, out.begin() + co * nb * g.L + b * g.L);
     }
 }
 
 template <class T>
 void conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, T* gx) {
   ConvGeometry<T> g(a);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L));
+  const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk)),
+      tmp(static_cast<size_t>(g.K * g.L));
   fill(gx, a.n * a.c_in * a.h * a.w, 0.0);
-  for (int64_t n = 0; n < a.n; ++n)
+  for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
+    const int64_t nb = std::min(chunk, a.n - n0);
     for (int64_t gr = 0; gr < a.groups; ++gr) {
-      // cols [K, L] = W_g^T [K, cout_g] @ gy_g [cout_g, L]
-      gemm(gemm_args(a.dtype, true, false, g.K, g.L, g.cout_g, w + gr * g.cout_g * g.K, g.K,
-                     gy + (n * a.c_out + gr * g.cout_g) * g.L, g.L, cols.data(), g.L, 0.0));
-      col2im(cols.data(), gx + (n * a.c_in + gr * g.cin_g) * a.h * a.w, g.cin_g, a.h, a.w, a);
+      gather_gy(a, gy, n0, nb, gr, g, gyc);
+      // cols [K, nb*L] = W_g^T [K, cout_g] @ gy_g [cout_g, nb*L]
+      gemm(gemm_args(a.dtype, true, false, g.K, nb * g.L, g.cout_g, w + gr * g.cout_g * g.K, g.K, gyc.data(),
+                     nb * g.L, cols.data(), nb * g.L, 0.0));
+      for (int64_t b = 0; b < nb; ++b) {
+        for (int64_t k = 0; k < g.K; ++k)
+          std::copy(cols.begin() + k * nb * g.L + b * g.L, cols.begin() + k * nb * g.L + (b + 1) * g.L,
+                    tmp.begin() + k * g.L);
+        col2im(tmp.data(), gx + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, g.cin_g, a.h, a.w, a);
+      }
     }
+  }
 }
 
 template <class T>
 void conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw) {
   ConvGeometry<T> g(a);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L));
-  for (int64_t n = 0; n < a.n; ++n)
-    for (int64_t gr = 0; gr < a.groups; ++gr) {
-      im2col(x + (n * a.c_in + gr * g.cin_g) * a.h * a.w, cols.data(), g.cin_g, a.h, a.w, a);
-      // gW_g [cout_g, K] (+)= gy_g [cout_g, L] @ cols^T [L, K]
-      gemm(gemm_args(a.dtype, false, true, g.cout_g, g.K, g.L, gy + (n * a.c_out + gr * g.cout_g) * g.L, g.L,
-                     cols.data(), g.L, gw + gr * g.cout_g * g.K, g.K, n == 0 ? 0.0 : 1.0));
-    }
+  const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk)),
+      tmp(static_cast<size_t>(g.K * g.L));
   if (a.n == 0) fill(gw, a.c_out * g.K, 0.0);
+  for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
+    const int64_t nb = std::min(chunk, a.n - n0);
+    for (int64_t gr = 0; gr < a.groups; ++gr) {
+      im2col_chunk(a, x, n0, nb, gr, g, cols, tmp);
+      gather_gy(a, gy, n0, nb, gr, g, gyc);
+      // gW_g [cout_g, K] (+)= gy_g [cout_g, nb*L] @ cols^T [nb*L, K]
+      gemm(gemm_args(a.dtype, false, true, g.cout_g, g.K, nb * g.L, gyc.data(), nb * g.L, cols.data(), nb * g.L,
+                     gw + gr * g.cout_g * g.K, g.K, n0 == 0 ? 0.0 : 1.0));
+    }
+  }
 }
 
 // Pooling windows: [start, end) along one axis for output index o.

@@ -1,0 +1,108 @@
+// digits_cnn: a small convolutional network trained on the scikit-learn handwritten digits (real
+// data shipped by Debian's python3-sklearn), on the GPU when there is one, else on the CPU.
+//
+//   digits_cnn [--device auto|cpu|cuda:N] [--epochs 20] [--batch-size 32] [--lr 0.002] [--seed 0]
+//
+// Conv(1->32, 3x3) ReLU MaxPool -> Conv(32->64, 3x3) ReLU MaxPool -> Linear(256 -> 10), Adam,
+// cross-entropy, cosine learning-rate decay per step, an 80/20 split with a fixed seed. Prints a progress line, then one JSON line.
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+#include <ember/ember.hpp>
+
+#include "../common/args.hpp"
+#include "../common/digits.hpp"
+#include "../common/progress.hpp"
+
+using namespace ember;
+
+namespace {
+
+std::shared_ptr<nn::Sequential> make_model() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->emplace<nn::Conv2d>(1, 32, 3, nn::Conv2dOptions{.padding = {1, 1}});
+  m->emplace<nn::ReLU>();
+  m->emplace<nn::MaxPool2d>(2);  // 8x8 -> 4x4
+  m->emplace<nn::Conv2d>(32, 64, 3, nn::Conv2dOptions{.padding = {1, 1}});
+  m->emplace<nn::ReLU>();
+  m->emplace<nn::MaxPool2d>(2);  // 4x4 -> 2x2
+  m->emplace<nn::Flatten>();
+  m->emplace<nn::Linear>(64 * 2 * 2, 10);
+  return m;
+}
+
+double accuracy(nn::Sequential& model, const Tensor<float>& x, const Tensor<int64_t>& y) {
+  NoGradGuard no_grad;
+  model.eval();
+  auto pred = argmax(model(x), {1});
+  model.train();
+  return static_cast<double>(sum(eq(pred, y).to<int64_t>()).item()) / static_cast<double>(y.numel());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Args args(argc, argv,
+                      {{"device", "auto"}, {"epochs", "20"}, {"batch-size", "32"}, {"lr", "0.002"}, {"seed", "0"}});
+  const Device dev = args.device();
+  const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size");
+  const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+
+  examples::Digits all = examples::load_digits(), train, test;
+  examples::split_digits(all, 0.2, seed, train, test);
+  auto x_train = Tensor<float>::from_vector(train.pixels, {train.n, 1, 8, 8}, dev);
+  auto y_train = Tensor<int64_t>::from_vector(train.labels, {train.n}, dev);
+  auto x_test = Tensor<float>::from_vector(test.pixels, {test.n, 1, 8, 8}, dev);
+  auto y_test = Tensor<int64_t>::from_vector(test.labels, {test.n}, dev);
+
+  manual_seed(seed);
+  auto model = make_model();
+  model->to(dev);
+  optim::Adam opt(model->parameters(), {.lr = args.real("lr")});
+  const int64_t steps_per_epoch = (train.n + batch - 1) / batch;
+  optim::CosineAnnealingLR schedule(opt, epochs * steps_per_epoch);  // per step, down to 0
+
+  examples::Progress progress;
+  double last_loss = 0;
+  int64_t step = 0;
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    Generator perm_gen(seed * 1000003u + static_cast<uint64_t>(epoch));
+    auto keys = Tensor<float>::rand({train.n}, Device::cpu(), 0.0, 1.0, perm_gen).to_vector();
+    std::vector<int64_t> order(static_cast<size_t>(train.n));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+    auto perm = Tensor<int64_t>::from_vector(order, dev);
+    double epoch_loss = 0;
+    int64_t batches = 0;
+    for (int64_t b0 = 0; b0 < train.n; b0 += batch) {
+      auto idx = perm.slice(b0, std::min(train.n, b0 + batch));
+      auto loss = nn::functional::cross_entropy((*model)(index_select(x_train, 0, idx)), index_select(y_train, 0, idx));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      schedule.step();
+      last_loss = loss.item();
+      epoch_loss += last_loss;
+      ++batches;
+      progress.step(epoch, epochs, ++step, last_loss, idx.numel());
+    }
+    progress.epoch(epoch, epochs, "loss " + examples::num(epoch_loss / static_cast<double>(batches), 4), 5);
+  }
+  progress.finish();
+  const double seconds = progress.seconds();
+  const double acc = accuracy(*model, x_test, y_test);
+  std::printf("%s\n", examples::json_line({{"example", examples::quoted("digits_cnn")},
+                                           {"device", examples::quoted(dev.str())},
+                                           {"epochs", std::to_string(epochs)},
+                                           {"parameters", std::to_string(model->parameter_count())},
+                                           {"final_train_loss", examples::num(last_loss)},
+                                           {"test_accuracy", examples::num(acc, 4)},
+                                           {"seconds", examples::num(seconds, 4)},
+                                           {"samples_per_second", examples::num(progress.samples_per_second(), 6)}})
+                          .c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "digits_cnn: %s\n", e.what());
+  return 1;
+}
