@@ -20,3 +20,4 @@
 #include "ember/ops/ops.hpp"
 
 #include "ember/nn/nn.hpp"
+#include "ember/optim/optim.hpp"

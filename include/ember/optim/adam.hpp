@@ -1,0 +1,148 @@
+#pragma once
+// optim::Adam and optim::AdamW, as torch.optim.Adam / torch.optim.AdamW.
+//   Adam  defaults: lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=false
+//   AdamW defaults: the same but weight_decay=1e-2, applied decoupled
+// torch's `betas` tuple is the pair of hyperparameters "beta1", "beta2" here. The update, per
+// parameter with a gradient (torch's _single_tensor_adam, same order of operations):
+//   step += 1
+//   g = maximize ? -grad : grad
+//   Adam:  if weight_decay != 0:  g = g + weight_decay * p          (L2, coupled into the moments)
+//   AdamW: p = p * (1 - lr * weight_decay)                           (decoupled)
+//   exp_avg    = lerp(exp_avg, g, 1 - beta1)                          (= beta1 m + (1 - beta1) g)
+//   exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g
+//   bias_correction1 = 1 - beta1^step;  bias_correction2 = 1 - beta2^step
+//   amsgrad: max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq); v = max_exp_avg_sq; else v = exp_avg_sq
+//   denom = sqrt(v) / sqrt(bias_correction2) + eps
+//   p = p - (lr / bias_correction1) * exp_avg / denom
+// State: "step" (float32 CPU scalar), "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad.
+#include "ember/optim/optimizer.hpp"
+
+namespace ember::optim {
+
+struct AdamOptions {
+  std::optional<double> lr;            // 1e-3
+  std::optional<double> beta1;         // 0.9   (torch: betas[0])
+  std::optional<double> beta2;         // 0.999 (torch: betas[1])
+  std::optional<double> eps;           // 1e-8
+  std::optional<double> weight_decay;  // Adam: 0 (L2); AdamW: 1e-2 (decoupled)
+  std::optional<bool> amsgrad;         // false
+  std::optional<bool> maximize;        // false
+};
+
+namespace detail {
+// Adam and AdamW share everything but the default weight decay and how it is applied.
+class AdamBase : public Optimizer {
+ public:
+  void add_param_group(std::vector<AnyTensor> params, const AdamOptions& options = {}) {
+    add_group(std::move(params), resolve(defaults_, options));
+  }
+
+  void step() override {
+    NoGradGuard no_grad;
+    for (ParamGroup& group : groups_) {
+      const Hyperparams& h = group.options;
+      const double lr = h.at("lr"), beta1 = h.at("beta1"), beta2 = h.at("beta2"), eps = h.at("eps"),
+                   weight_decay = h.at("weight_decay");
+      const bool amsgrad = flag(h, "amsgrad"), maximize = flag(h, "maximize");
+      for (AnyTensor& p : group.params) {
+        const AnyTensor grad = p.grad();
+        if (!grad.defined()) continue;
+        const DType sd = state_dtype(p.dtype());
+        ParamState& st = state_for(p);
+        if (st.empty()) {
+          st.emplace_back("step", new_step_tensor());
+          st.emplace_back("exp_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
+          st.emplace_back("exp_avg_sq", AnyTensor::zeros(p.shape(), sd, p.device()));
+        }
+        AnyTensor* max_sq = find_state(st, "max_exp_avg_sq");
+        if (amsgrad && max_sq == nullptr) {
+          st.emplace_back("max_exp_avg_sq", AnyTensor::zeros(p.shape(), sd, p.device()));
+          max_sq = &st.back().second;
+        }
+        AnyTensor& exp_avg = *find_state(st, "exp_avg");
+        AnyTensor& exp_avg_sq = *find_state(st, "exp_avg_sq");
+        const double step = increment_step(*find_state(st, "step"));
+
+        // A fused kernel (torch's fused=True: one pass over p, grad and the moments) would replace
+        // this sequence of ops.
+        AnyTensor param = value_as(p, sd);
+        AnyTensor g = value_as(grad, sd);
+        if (maximize) g = op::neg(g);
+        if (weight_decay != 0.0) {
+          if (decoupled_) {
+            param = op::mul(param, 1.0 - lr * weight_decay);
+          } else {
+            g = op::add(g, op::mul(param, weight_decay));
+          }
+        }
+        exp_avg = lerp(exp_avg, g, 1.0 - beta1);
+        exp_avg_sq = op::add(op::mul(exp_avg_sq, beta2), op::mul(op::mul(g, 1.0 - beta2), g));
+        const double bias_correction1 = 1.0 - std::pow(beta1, step);
+        const double bias_correction2 = 1.0 - std::pow(beta2, step);
+        const double step_size = lr / bias_correction1;
+        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+        AnyTensor v = exp_avg_sq;
+        if (amsgrad) {
+          *max_sq = op::maximum(*max_sq, exp_avg_sq);
+          v = *max_sq;
+        }
+        AnyTensor denom = op::add(op::div(op::sqrt(v), bias_correction2_sqrt), eps);
+        p.copy_(op::add(param, op::div(op::mul(exp_avg, -step_size), denom)));
+      }
+    }
+  }
+
+ protected:
+  AdamBase(const char* name, std::vector<AnyTensor> params, const AdamOptions& options, double default_wd,
+           bool decoupled)
+      : Optimizer(name, resolve(torch_defaults(default_wd), options)), decoupled_(decoupled) {
+    EMBER_CHECK(!params.empty(), ValueError, name, ": optimizer got an empty parameter list");
+    add_group(std::move(params), defaults_);
+  }
+
+  static Hyperparams torch_defaults(double weight_decay) {
+    return {{"lr", 1e-3},     {"beta1", 0.9},   {"beta2", 0.999}, {"eps", 1e-8},
+            {"weight_decay", weight_decay},     {"amsgrad", 0.0}, {"maximize", 0.0}};
+  }
+
+  void validate(const Hyperparams& h) const override {
+    check_nonneg(h, "lr", "learning rate");
+    check_nonneg(h, "eps", "epsilon value");
+    check_unit(h, "beta1", "beta parameter at index 0:");
+    check_unit(h, "beta2", "beta parameter at index 1:");
+    check_nonneg(h, "weight_decay", "weight_decay value");
+  }
+
+ private:
+  static Hyperparams resolve(Hyperparams h, const AdamOptions& o) {
+    put(h, "lr", o.lr);
+    put(h, "beta1", o.beta1);
+    put(h, "beta2", o.beta2);
+    put(h, "eps", o.eps);
+    put(h, "weight_decay", o.weight_decay);
+    put(h, "amsgrad", o.amsgrad);
+    put(h, "maximize", o.maximize);
+    return h;
+  }
+
+  bool decoupled_;
+};
+}  // namespace detail
+
+// Adam with L2 weight decay added to the gradient (coupled): torch.optim.Adam.
+class Adam : public detail::AdamBase {
+ public:
+  explicit Adam(std::vector<AnyTensor> params, const AdamOptions& options = {})
+      : AdamBase("Adam", std::move(params), options, 0.0, /*decoupled=*/false) {}
+  static Hyperparams torch_defaults() { return AdamBase::torch_defaults(0.0); }
+};
+
+// Adam with decoupled weight decay, p *= 1 - lr * weight_decay: torch.optim.AdamW.
+class AdamW : public detail::AdamBase {
+ public:
+  explicit AdamW(std::vector<AnyTensor> params, const AdamOptions& options = {})
+      : AdamBase("AdamW", std::move(params), options, 1e-2, /*decoupled=*/true) {}
+  static Hyperparams torch_defaults() { return AdamBase::torch_defaults(1e-2); }
+};
+
+}  // namespace ember::optim

@@ -1,0 +1,119 @@
+#pragma once
+// optim::RMSprop, as torch.optim.RMSprop (defaults lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0,
+// momentum=0, centered=false, maximize=false). The update, per parameter with a gradient (torch's
+// _single_tensor_rmsprop, same order of operations):
+//   step += 1
+//   g = maximize ? -grad : grad
+//   if weight_decay != 0:  g = g + weight_decay * p
+//   square_avg = alpha * square_avg + (1 - alpha) * g * g
+//   centered:  grad_avg = lerp(grad_avg, g, 1 - alpha);  avg = sqrt(square_avg - grad_avg^2) + eps
+//   else:      avg = sqrt(square_avg) + eps
+//   momentum > 0:  buf = momentum * buf + g / avg;  p = p - lr * buf
+//   else:          p = p - lr * g / avg
+// State: "step" (float32 CPU scalar), "square_avg", "momentum_buffer" (momentum > 0),
+// "grad_avg" (centered). A buffer is created when first needed, so turning momentum on later (a
+// OneCycleLR cycling it) works.
+#include "ember/optim/optimizer.hpp"
+
+namespace ember::optim {
+
+struct RMSpropOptions {
+  std::optional<double> lr;            // 1e-2
+  std::optional<double> alpha;         // 0.99
+  std::optional<double> eps;           // 1e-8
+  std::optional<double> weight_decay;  // 0
+  std::optional<double> momentum;      // 0
+  std::optional<bool> centered;        // false
+  std::optional<bool> maximize;        // false
+};
+
+class RMSprop : public Optimizer {
+ public:
+  explicit RMSprop(std::vector<AnyTensor> params, const RMSpropOptions& options = {})
+      : Optimizer("RMSprop", resolve(torch_defaults(), options)) {
+    EMBER_CHECK(!params.empty(), ValueError, "RMSprop: optimizer got an empty parameter list");
+    add_group(std::move(params), defaults_);
+  }
+
+  void add_param_group(std::vector<AnyTensor> params, const RMSpropOptions& options = {}) {
+    add_group(std::move(params), resolve(defaults_, options));
+  }
+
+  void step() override {
+    NoGradGuard no_grad;
+    for (ParamGroup& group : groups_) {
+      const Hyperparams& h = group.options;
+      const double lr = h.at("lr"), alpha = h.at("alpha"), eps = h.at("eps"), weight_decay = h.at("weight_decay"),
+                   momentum = h.at("momentum");
+      const bool centered = flag(h, "centered"), maximize = flag(h, "maximize");
+      for (AnyTensor& p : group.params) {
+        const AnyTensor grad = p.grad();
+        if (!grad.defined()) continue;
+        const DType sd = detail::state_dtype(p.dtype());
+        ParamState& st = state_for(p);
+        if (st.empty()) {
+          st.emplace_back("step", detail::new_step_tensor());
+          st.emplace_back("square_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
+        }
+        // Buffers, in torch's order; also created later if momentum or centered is switched on.
+        if (momentum > 0.0 && !find_state(st, "momentum_buffer"))
+          st.emplace_back("momentum_buffer", AnyTensor::zeros(p.shape(), sd, p.device()));
+        if (centered && !find_state(st, "grad_avg"))
+          st.emplace_back("grad_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
+        detail::increment_step(*find_state(st, "step"));
+        AnyTensor& square_avg = *find_state(st, "square_avg");
+
+        // A fused kernel (one pass over p, grad and the buffers) would replace this sequence of ops.
+        const AnyTensor param = detail::value_as(p, sd);
+        AnyTensor g = detail::value_as(grad, sd);
+        if (maximize) g = op::neg(g);
+        if (weight_decay != 0.0) g = op::add(g, op::mul(param, weight_decay));
+        square_avg = op::add(op::mul(square_avg, alpha), op::mul(op::mul(g, 1.0 - alpha), g));
+        AnyTensor avg;
+        if (centered) {
+          AnyTensor& grad_avg = *find_state(st, "grad_avg");
+          grad_avg = detail::lerp(grad_avg, g, 1.0 - alpha);
+          avg = op::sqrt(op::add(square_avg, op::mul(op::neg(grad_avg), grad_avg)));
+        } else {
+          avg = op::sqrt(square_avg);
+        }
+        avg = op::add(avg, eps);
+        if (momentum > 0.0) {
+          AnyTensor& buf = *find_state(st, "momentum_buffer");
+          buf = op::add(op::mul(buf, momentum), op::div(g, avg));
+          p.copy_(op::add(param, op::mul(buf, -lr)));
+        } else {
+          p.copy_(op::add(param, op::div(op::mul(g, -lr), avg)));
+        }
+      }
+    }
+  }
+
+  static Hyperparams torch_defaults() {
+    return {{"lr", 1e-2},      {"alpha", 0.99},   {"eps", 1e-8},     {"weight_decay", 0.0},
+            {"momentum", 0.0}, {"centered", 0.0}, {"maximize", 0.0}};
+  }
+
+ protected:
+  void validate(const Hyperparams& h) const override {
+    check_nonneg(h, "lr", "learning rate");
+    check_nonneg(h, "eps", "epsilon value");
+    check_nonneg(h, "momentum", "momentum value");
+    check_nonneg(h, "weight_decay", "weight_decay value");
+    check_nonneg(h, "alpha", "alpha value");
+  }
+
+ private:
+  static Hyperparams resolve(Hyperparams h, const RMSpropOptions& o) {
+    put(h, "lr", o.lr);
+    put(h, "alpha", o.alpha);
+    put(h, "eps", o.eps);
+    put(h, "weight_decay", o.weight_decay);
+    put(h, "momentum", o.momentum);
+    put(h, "centered", o.centered);
+    put(h, "maximize", o.maximize);
+    return h;
+  }
+};
+
+}  // namespace ember::optim
