@@ -6,11 +6,12 @@
 #include <benchmark/benchmark.h>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <ember/ember.hpp>
+
+#include "../examples/common/openblas_env.hpp"
 
 using namespace ember;
 
@@ -138,24 +139,10 @@ void register_all(Device dev, const std::string& suffix) {
     reg(name, fn)->Arg(n)->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
-// OpenBLAS 0.3.21 mistakes some AVX-512 CPUs for old ones and runs sgemm ~5x slower
-// (DESIGN.md, toolchain facts); set the core type only where the CPU has AVX-512.
-void tune_openblas() {
-  std::ifstream info("/proc/cpuinfo");
-  std::string line;
-  bool avx512 = false;
-  while (std::getline(info, line))
-    if (line.rfind("flags", 0) == 0) {
-      avx512 = line.find("avx512f") != std::string::npos;
-      break;
-    }
-  if (avx512) setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  tune_openblas();
+  examples::ensure_openblas_coretype(argv);
   register_all(Device::cpu(), "_cpu");
   if (cuda::is_available()) register_all(Device::cuda(0), "_cuda");
   benchmark::Initialize(&argc, argv);

@@ -12,6 +12,7 @@
 #include <ember/ember.hpp>
 
 #include "../common/args.hpp"
+#include "../common/openblas_env.hpp"
 #include "../common/digits.hpp"
 #include "../common/progress.hpp"
 
@@ -43,6 +44,7 @@ double accuracy(nn::Sequential& model, const Tensor<float>& x, const Tensor<int6
 }  // namespace
 
 int main(int argc, char** argv) try {
+  examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
                       {{"device", "auto"}, {"epochs", "20"}, {"batch-size", "32"}, {"lr", "0.002"}, {"seed", "0"}});
   const Device dev = args.device();

@@ -15,6 +15,7 @@
 #include <ember/ember.hpp>
 
 #include "../common/args.hpp"
+#include "../common/openblas_env.hpp"
 #include "../common/digits.hpp"
 
 using namespace ember;
@@ -42,6 +43,7 @@ Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<int64_t>& 
 }  // namespace
 
 int main(int argc, char** argv) try {
+  examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
                       {{"device", "auto"}, {"epochs", "30"}, {"batch-size", "64"}, {"lr", "0.05"}, {"seed", "0"},
                        {"hidden", "128"}});

@@ -1,0 +1,222 @@
+// char_transformer: a small character-level GPT trained on real English text that ships with the
+// system (the license texts under /usr/share/common-licenses), on the GPU when there is one, else
+// on the CPU; then it samples text.
+//
+//   char_transformer [--device auto|cpu|cuda:N] [--steps 600] [--batch-size 32] [--block 64]
+//                    [--lr 0.003] [--seed 0] [--layers 2] [--embed 96] [--heads 4] [--sample 300]
+//
+// Token and position embeddings, pre-LayerNorm transformer blocks with causal self-attention,
+// a final LayerNorm and a linear head; AdamW with warmup then cosine decay, gradient clipping.
+// Reports validation bits per character (cross-entropy in nats / ln 2) on the last 10% of the
+// text. Prints a progress line, a text sample, and last one JSON line.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <ember/ember.hpp>
+
+#include "../common/args.hpp"
+#include "../common/openblas_env.hpp"
+#include "../common/progress.hpp"
+
+using namespace ember;
+
+namespace {
+
+std::string load_corpus() {
+  const char* dir = "/usr/share/common-licenses";
+  const char* files[] = {"GPL-3", "GPL-2", "LGPL-2.1", "GFDL-1.3", "Apache-2.0", "MPL-2.0", "Artistic", "CC0-1.0"};
+  std::string text;
+  for (const char* f : files) {
+    std::ifstream in(std::filesystem::path(dir) / f, std::ios::binary);
+    if (!in) continue;
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text += ss.str();
+  }
+  if (text.size() < 10000)
+    throw std::runtime_error(std::string("char_transformer: no text found in ") + dir +
+                             " (Debian's base-files package installs the license texts there)");
+  return text;
+}
+
+class CharGPT : public nn::ModuleBase<CharGPT> {
+ public:
+  CharGPT(int64_t vocab, int64_t block, int64_t embed, int64_t heads, int64_t layers) : block_(block) {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, embed));
+    wpe = register_module("wpe", std::make_shared<nn::Embedding>(block, embed));
+    // GPT-2's init: embeddings N(0, 0.02).
+    nn::init::normal_(wte->weight, 0.0, 0.02);
+    nn::init::normal_(wpe->weight, 0.0, 0.02);
+    blocks = register_module("h", std::make_shared<nn::Sequential>());
+    for (int64_t i = 0; i < layers; ++i) blocks->emplace<nn::TransformerBlock>(embed, heads);
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(embed));
+    head = register_module("lm_head", std::make_shared<nn::Linear>(embed, vocab, nn::LinearOptions{.bias = false}));
+  }
+  std::string type_name() const override { return "CharGPT"; }
+
+  // ids [B, T] -> logits [B, T, vocab]
+  Tensor<float> forward(const Tensor<int64_t>& ids) {
+    const int64_t T = ids.shape()[1];
+    auto pos = Tensor<int64_t>::arange(0.0, static_cast<double>(T), 1.0, ids.device());
+    Tensor<float> x(op::add(wte->lookup(ids), wpe->lookup(pos)));
+    x = (*blocks)(x);
+    return (*head)((*ln_f)(x));
+  }
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>&) {
+    throw DTypeError("CharGPT: takes int64 token ids");
+  }
+  int64_t block() const { return block_; }
+
+  std::shared_ptr<nn::Embedding> wte, wpe;
+  std::shared_ptr<nn::Sequential> blocks;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> head;
+
+ private:
+  int64_t block_;
+};
+
+// A batch of B random windows of T+1 characters: inputs [B, T] and next-character targets [B, T].
+void make_batch(const std::vector<int64_t>& data, int64_t B, int64_t T, Generator& gen, Device dev,
+                Tensor<int64_t>& x, Tensor<int64_t>& y) {
+  auto starts = Tensor<double>::rand({B}, Device::cpu(), 0.0, static_cast<double>(data.size() - T - 1), gen).to_vector();
+  std::vector<int64_t> xs, ys;
+  for (double s : starts) {
+    const size_t i = static_cast<size_t>(s);
+    xs.insert(xs.end(), data.begin() + static_cast<long>(i), data.begin() + static_cast<long>(i + T));
+    ys.insert(ys.end(), data.begin() + static_cast<long>(i + 1), data.begin() + static_cast<long>(i + T + 1));
+  }
+  x = Tensor<int64_t>::from_vector(xs, {B, T}, dev);
+  y = Tensor<int64_t>::from_vector(ys, {B, T}, dev);
+}
+
+// Mean cross-entropy (nats) over every position of a batch.
+Tensor<float> lm_loss(CharGPT& model, const Tensor<int64_t>& x, const Tensor<int64_t>& y) {
+  auto logits = model.forward(x);
+  const int64_t V = logits.shape()[2];
+  return nn::functional::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::ensure_openblas_coretype(argv);
+  examples::Args args(argc, argv,
+                      {{"device", "auto"}, {"steps", "600"}, {"batch-size", "32"}, {"block", "64"}, {"lr", "0.003"},
+                       {"seed", "0"}, {"layers", "2"}, {"embed", "96"}, {"heads", "4"}, {"sample", "300"},
+                       {"eval-batches", "20"}});
+  const Device dev = args.device();
+  const int64_t steps = args.integer("steps"), B = args.integer("batch-size"), T = args.integer("block");
+  const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+
+  // Characters -> ids over the characters that occur; the last 10% is validation text.
+  const std::string text = load_corpus();
+  std::vector<int> to_id(256, -1);
+  std::string chars;
+  for (unsigned char c : text)
+    if (to_id[c] < 0) {
+      to_id[c] = 0;
+      chars.push_back(static_cast<char>(c));
+    }
+  std::sort(chars.begin(), chars.end());
+  for (size_t i = 0; i < chars.size(); ++i) to_id[static_cast<unsigned char>(chars[i])] = static_cast<int>(i);
+  std::vector<int64_t> ids;
+  for (unsigned char c : text) ids.push_back(to_id[c]);
+  const size_t split = ids.size() * 9 / 10;
+  std::vector<int64_t> train(ids.begin(), ids.begin() + static_cast<long>(split)),
+      val(ids.begin() + static_cast<long>(split), ids.end());
+  const int64_t V = static_cast<int64_t>(chars.size());
+
+  manual_seed(seed);
+  CharGPT model(V, T, args.integer("embed"), args.integer("heads"), args.integer("layers"));
+  model.to(dev);
+  // AdamW with weight decay on matrices only (GPT practice): embeddings and weights of Linears.
+  std::vector<AnyTensor> decay, no_decay;
+  for (auto& [name, p] : model.named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  optim::AdamW opt(decay, {.lr = args.real("lr"), .beta2 = 0.99, .weight_decay = 0.1});
+  opt.add_param_group(no_decay, {.weight_decay = 0.0});
+  optim::WarmupCosineLR schedule(opt, {.warmup_steps = std::max<int64_t>(1, steps / 20), .total_steps = steps,
+                                       .min_lr = args.real("lr") / 10});
+
+  Generator data_gen(seed + 17);
+  examples::Progress progress;
+  double last = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    Tensor<int64_t> x, y;
+    make_batch(train, B, T, data_gen, dev, x, y);
+    auto loss = lm_loss(model, x, y);
+    opt.zero_grad();
+    loss.backward();
+    optim::clip_grad_norm_(model.parameters(), 1.0);
+    opt.step();
+    schedule.step();
+    last = loss.item();
+    progress.step(0, 1, step + 1, last, B * T);
+    if ((step + 1) % 100 == 0) progress.epoch(0, 1, "step " + std::to_string(step + 1) + " loss " + examples::num(last, 4));
+  }
+  progress.finish();
+  const double train_seconds = progress.seconds();
+
+  // Validation bits per character over fixed windows of the held-out text.
+  double val_nats = 0;
+  const int64_t eval_batches = args.integer("eval-batches");
+  {
+    NoGradGuard no_grad;
+    model.eval();
+    Generator eval_gen(12345);
+    for (int64_t i = 0; i < eval_batches; ++i) {
+      Tensor<int64_t> x, y;
+      make_batch(val, B, T, eval_gen, dev, x, y);
+      val_nats += lm_loss(model, x, y).item();
+    }
+  }
+  const double val_bpc = val_nats / static_cast<double>(eval_batches) / std::log(2.0);
+
+  // Sampling: start from a newline, draw each next character from softmax(logits / 0.8).
+  std::string sample;
+  {
+    NoGradGuard no_grad;
+    Generator sample_gen(seed + 99);
+    std::vector<int64_t> context = {to_id[static_cast<unsigned char>('\n')]};
+    for (int64_t i = 0; i < args.integer("sample"); ++i) {
+      const size_t from = context.size() > static_cast<size_t>(T) ? context.size() - static_cast<size_t>(T) : 0;
+      std::vector<int64_t> window(context.begin() + static_cast<long>(from), context.end());
+      auto x = Tensor<int64_t>::from_vector(window, {1, static_cast<int64_t>(window.size())}, dev);
+      auto logits = model.forward(x).select(0).select(static_cast<int64_t>(window.size()) - 1);
+      auto probs = softmax(logits * (1.0 / 0.8)).to(Device::cpu()).to_vector();
+      const double u = Tensor<double>::rand({1}, Device::cpu(), 0.0, 1.0, sample_gen).item();
+      double acc = 0;
+      int64_t next = V - 1;
+      for (int64_t k = 0; k < V; ++k) {
+        acc += probs[static_cast<size_t>(k)];
+        if (u < acc) {
+          next = k;
+          break;
+        }
+      }
+      context.push_back(next);
+      sample.push_back(chars[static_cast<size_t>(next)]);
+    }
+  }
+  std::printf("---- sample ----\n%s\n----------------\n", sample.c_str());
+  std::printf("%s\n", examples::json_line({{"example", examples::quoted("char_transformer")},
+                                           {"device", examples::quoted(dev.str())},
+                                           {"steps", std::to_string(steps)},
+                                           {"parameters", std::to_string(model.parameter_count())},
+                                           {"corpus_characters", std::to_string(text.size())},
+                                           {"vocabulary", std::to_string(V)},
+                                           {"final_train_loss", examples::num(last, 5)},
+                                           {"val_bits_per_char", examples::num(val_bpc, 4)},
+                                           {"train_seconds", examples::num(train_seconds, 4)},
+                                           {"tokens_per_second", examples::num(progress.samples_per_second(), 6)}})
+                          .c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "char_transformer: %s\n", e.what());
+  return 1;
+}
