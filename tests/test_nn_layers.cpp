@@ -257,7 +257,7 @@ TEST_CASE("BatchNorm: PyTorch's names, initial values and buffer dtypes", "[nn][
   CHECK(nn::BatchNorm2d(4).type_name() == "BatchNorm2d");
 }
 
-TEST_CASE("BatchNorm1d: train uses batch statistics; running stats after 2 steps use the unbiased variance",
+TEST_CASE("BatchNorm1d: train uses batch statistics, running stats after 2 steps use the unbiased variance",
           "[nn][norm][batchnorm]") {
   for (std::vector<int64_t> shape : {std::vector<int64_t>{5, 3}, std::vector<int64_t>{4, 3, 6}}) {
     const int64_t N = shape[0], C = 3, R = shape.size() == 3 ? shape[2] : 1;
@@ -293,7 +293,7 @@ TEST_CASE("BatchNorm1d: train uses batch statistics; running stats after 2 steps
   }
 }
 
-TEST_CASE("BatchNorm: momentum = None is a cumulative average; no running stats means batch stats always",
+TEST_CASE("BatchNorm: momentum = None is a cumulative average, no running stats means batch stats always",
           "[nn][norm][batchnorm]") {
   nn::BatchNorm1d cum(2, {.momentum = std::nullopt});
   auto a = Tensor<float>::randn({6, 2}, Device::cpu(), 1.0, 2.0);
@@ -320,7 +320,7 @@ TEST_CASE("BatchNorm: momentum = None is a cumulative average; no running stats 
   check_close(host(yt), batch_norm_ref(host(a), 6, 2, 1, sa.mean, sa.var_biased, {}, {}), 1e-5);
 }
 
-TEST_CASE("BatchNorm2d: per-channel over N, H, W in train; running stats in eval", "[nn][norm][batchnorm]") {
+TEST_CASE("BatchNorm2d: per-channel over N, H, W in train, running stats in eval", "[nn][norm][batchnorm]") {
   nn::BatchNorm2d bn(3, {.eps = 1e-3, .momentum = 0.3});
   randomize(bn, 4, 1.0, 0.5);
   auto x = Tensor<float>::randn({2, 3, 4, 5}, Device::cpu(), 1.0, 2.0);
@@ -418,7 +418,7 @@ TEST_CASE("Dropout: the mask is Philox's uniform < 1 - p, survivors scaled by 1 
   CHECK(host(F::dropout(x, 0.3, true, g)) != host(F::dropout(x, 0.3, true, g)));
 }
 
-TEST_CASE("Dropout: eval and p = 0 are the identity, p = 1 zeros; invalid p", "[nn][dropout]") {
+TEST_CASE("Dropout: eval and p = 0 are the identity, p = 1 zeros, invalid p", "[nn][dropout]") {
   auto x = Tensor<float>::randn({8, 8});
   nn::Dropout d(0.5);
   d.eval();
@@ -433,7 +433,7 @@ TEST_CASE("Dropout: eval and p = 0 are the identity, p = 1 zeros; invalid p", "[
   CHECK(nn::Dropout(0.2).state_dict().empty());
 }
 
-TEST_CASE("Dropout: the gradient is the mask times 1 / (1 - p); finite differences (3 seeds)", "[nn][dropout][grad]") {
+TEST_CASE("Dropout: the gradient is the mask times 1 / (1 - p), finite differences (3 seeds)", "[nn][dropout][grad]") {
   Generator g(7);
   auto x = (Tensor<double>::randn({6, 7}) + 3.0).detach().set_requires_grad();
   auto y = F::dropout(x, 0.25, true, g);
@@ -605,7 +605,7 @@ TEST_CASE("MultiheadAttention: gradients in double, parameters included (3 seeds
   }
 }
 
-TEST_CASE("MultiheadAttention: half activations, fp32 softmax; input errors", "[nn][attention][errors]") {
+TEST_CASE("MultiheadAttention: half activations, fp32 softmax, input errors", "[nn][attention][errors]") {
   nn::MultiheadAttention m(8, 2);
   randomize(m, 1, 0.0, 0.3);
   auto x = Tensor<float>::randn({2, 3, 8});
@@ -696,7 +696,7 @@ TEST_CASE("TransformerBlock: gradients in double, every parameter (3 seeds)", "[
   }
 }
 
-TEST_CASE("TransformerBlock: dropout in training only; float16 activations", "[nn][transformer]") {
+TEST_CASE("TransformerBlock: dropout in training only, float16 activations", "[nn][transformer]") {
   nn::TransformerBlock blk(8, 2, {.dropout = 0.3});
   auto x = Tensor<float>::randn({2, 5, 8});
   CHECK(blk(x).to_vector() != blk(x).to_vector());

@@ -217,7 +217,7 @@ TEST_CASE("cross_entropy: mean divides by the summed weights of the non-ignored 
         F::cross_entropy(x, Tensor<int64_t>::from_vector({1, 0}, {2})).item());
 }
 
-TEST_CASE("cross_entropy: gradients in double (weights, smoothing, ignore_index, reductions; 3 seeds)",
+TEST_CASE("cross_entropy: gradients in double (weights, smoothing, ignore_index, reductions, 3 seeds)",
           "[nn][loss][cross_entropy][grad]") {
   for (uint64_t seed : {1, 2, 3}) {
     auto in = testing::random_inputs({{5, 4}}, seed, -2.0, 2.0);

@@ -135,8 +135,9 @@ inline AnyTensor nll_core(const char* op, const AnyTensor& logp, const AnyTensor
   AnyTensor valid = op::ne(tgt, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
   AnyTensor safe = op::where(valid, tgt, AnyTensor::zeros(Shape{}, DType::Int64, dev));
   if (M > 0) {
-    const int64_t lo = static_cast<int64_t>(op::min(safe).item_double());
-    const int64_t hi = static_cast<int64_t>(op::max(safe).item_double());
+    // min and max in one host read (one device sync).
+    auto mm = op::concat({op::min(safe).reshape(Shape{1}), op::max(safe).reshape(Shape{1})}).to_double_vector();
+    const int64_t lo = static_cast<int64_t>(mm[0]), hi = static_cast<int64_t>(mm[1]);
     EMBER_CHECK(lo >= 0 && hi < C, IndexError, op, ": target ", lo < 0 ? lo : hi, " is out of bounds for ", C,
                 " classes (input ", input.desc(), ", ignore_index ", ignore_index, ")");
   }
