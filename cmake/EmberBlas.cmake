@@ -1,22 +1,47 @@
-# Finds a CBLAS (OpenBLAS preferred) for ember's CPU matmul and wires it into a target
-# (EMBER_BLAS_TARGET: `ember` in the build tree, `ember::ember` for an installed package).
-# Without one, ember uses its plain loop GEMM (correct, slower) and says so.
+# Finds a BLAS library (OpenBLAS preferred) for ember's CPU matmul and wires it into a target.
+#
+# Used twice: by ember's own build (EMBER_BLAS_TARGET unset: the `ember` target of the build tree)
+# and by the installed emberConfig.cmake (EMBER_BLAS_TARGET = ember::ember), so that the library is
+# found again on the consumer's machine instead of being baked into the exported target as an
+# absolute path. Sets EMBER_HAVE_CBLAS to ON or OFF.
+#
+# ember calls the BLAS through its standard Fortran symbols (sgemm_, dgemm_; see
+# backend/cpu/gemm.hpp), so only the library is needed, no cblas.h. EMBER_HAVE_CBLAS=1 is defined
+# for every consumer of the target alike, so that every translation unit of a program sees the
+# same gemm (no ODR mix). Without a BLAS, ember uses its plain loop GEMM (correct, slower).
 if(NOT EMBER_BLAS_TARGET)
   set(EMBER_BLAS_TARGET ember)
 endif()
+
+set(_ember_saved_bla_vendor "${BLA_VENDOR}")
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS QUIET)
 if(NOT BLAS_FOUND)
   unset(BLA_VENDOR)
   find_package(BLAS QUIET)
 endif()
-find_path(EMBER_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread)
-if(BLAS_FOUND AND EMBER_CBLAS_INCLUDE_DIR)
+set(BLA_VENDOR "${_ember_saved_bla_vendor}")
+unset(_ember_saved_bla_vendor)
+
+if(BLAS_FOUND)
   set(EMBER_HAVE_CBLAS ON)
-  target_compile_definitions(${EMBER_BLAS_TARGET} INTERFACE EMBER_HAVE_CBLAS=1)
-  target_include_directories(${EMBER_BLAS_TARGET} INTERFACE ${EMBER_CBLAS_INCLUDE_DIR})
-  target_link_libraries(${EMBER_BLAS_TARGET} INTERFACE ${BLAS_LIBRARIES})
+  get_target_property(_ember_blas_imported ${EMBER_BLAS_TARGET} IMPORTED)
+  if(_ember_blas_imported)
+    # The installed package: the library found here, on the consumer's machine.
+    set_property(TARGET ${EMBER_BLAS_TARGET} APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS EMBER_HAVE_CBLAS=1)
+    set_property(TARGET ${EMBER_BLAS_TARGET} APPEND PROPERTY INTERFACE_LINK_LIBRARIES "${BLAS_LIBRARIES}")
+  else()
+    # The build tree: nothing of this is exported (emberConfig.cmake finds the library again).
+    target_compile_definitions(${EMBER_BLAS_TARGET} INTERFACE $<BUILD_INTERFACE:EMBER_HAVE_CBLAS=1>)
+    target_link_libraries(${EMBER_BLAS_TARGET} INTERFACE "$<BUILD_INTERFACE:${BLAS_LIBRARIES}>")
+  endif()
+  unset(_ember_blas_imported)
+  if(NOT ember_FIND_QUIETLY)
+    list(GET BLAS_LIBRARIES 0 _ember_blas_first)
+    message(STATUS "ember: CPU matmul through BLAS ${_ember_blas_first}")
+    unset(_ember_blas_first)
+  endif()
 else()
   set(EMBER_HAVE_CBLAS OFF)
-  message(STATUS "ember: no CBLAS found (install libopenblas-dev); CPU matmul uses the plain fallback")
+  message(STATUS "ember: no BLAS found (install libopenblas-dev); CPU matmul uses the plain fallback GEMM")
 endif()

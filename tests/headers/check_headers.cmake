@@ -1,0 +1,17 @@
+# ctest headers.self_contained: builds the header tests (a no-op on an up-to-date tree, an error
+# with the compiler's message when a header is not self-contained) and runs the link test.
+# cmake -DBUILD_DIR=... -DCONFIG=... -DTARGET=... -DEXE=... -P check_headers.cmake
+set(_config_args "")
+if(CONFIG)
+  set(_config_args --config "${CONFIG}")
+endif()
+execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${TARGET}" ${_config_args}
+                RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "building ${TARGET} failed: a public header does not compile on its own\n${_out}")
+endif()
+execute_process(COMMAND "${EXE}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+message("${_out}")
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "${EXE} exited with ${_rc}")
+endif()

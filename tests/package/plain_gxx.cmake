@@ -1,0 +1,41 @@
+# ember's package test package.plain_gxx: a CPU-only program compiles with nothing but
+# `<c++ compiler> -std=c++20 -I<ember/include>` (no CMake, no CUDA include path, no libraries),
+# pulls in no CUDA header, and runs. Run with cmake -P:
+#   -DCXX=<compiler> -DINCLUDE_DIR=<ember/include> -DSOURCE=<main.cpp> -DBINARY_DIR=<folder> -DEXPECT=<regex>
+cmake_minimum_required(VERSION 3.25)
+foreach(_v CPATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH)  # no include path from the environment either
+  unset(ENV{${_v}})
+endforeach()
+file(REMOVE_RECURSE "${BINARY_DIR}")
+file(MAKE_DIRECTORY "${BINARY_DIR}")
+set(_exe "${BINARY_DIR}/plain_consumer")
+
+# The headers it reads: none may come from the CUDA toolkit, cuDNN or NCCL.
+execute_process(COMMAND "${CXX}" -std=c++20 "-I${INCLUDE_DIR}" -M "${SOURCE}"
+                RESULT_VARIABLE _rc OUTPUT_VARIABLE _deps ERROR_VARIABLE _err)
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "${CXX} -std=c++20 -I${INCLUDE_DIR} -M failed:\n${_err}")
+endif()
+# ember's own headers end in .hpp/.cuh; these are the toolkit's, cuDNN's and NCCL's.
+string(REGEX MATCHALL "[^ \\\n]*/(cuda_runtime[a-z_]*|cuda|cuda_fp16|cuda_bf16|cublas[A-Za-z_0-9]*|cudnn[a-z_0-9]*|nccl[a-z_]*)\\.h[ \\\n]"
+       _cuda "${_deps}")
+if(_cuda)
+  list(REMOVE_DUPLICATES _cuda)
+  message(FATAL_ERROR "a CPU-only translation unit reads CUDA headers: ${_cuda}")
+endif()
+
+message("-- ${CXX} -std=c++20 -I${INCLUDE_DIR} ${SOURCE} -o ${_exe}")
+execute_process(COMMAND "${CXX}" -std=c++20 "-I${INCLUDE_DIR}" "${SOURCE}" -o "${_exe}"
+                RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "plain compile failed:\n${_out}")
+endif()
+execute_process(COMMAND "${_exe}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+message("${_out}")
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "plain_consumer exited with ${_rc}")
+endif()
+if(NOT _out MATCHES "${EXPECT}")
+  message(FATAL_ERROR "the output does not match '${EXPECT}'")
+endif()
+message("plain g++ consumer OK")

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds ember and runs its whole test suite: the README's test command.
+#   bash tools/test.sh
+# Extra CMake arguments come from EMBER_CMAKE_ARGS (split on spaces), e.g.
+#   EMBER_CMAKE_ARGS="-DEMBER_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90" bash tools/test.sh
+# EMBER_BUILD_DIR (default: build) and EMBER_JOBS (default: 2) change the folder and parallelism.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+build=${EMBER_BUILD_DIR:-build}
+jobs=${EMBER_JOBS:-2}
+extra=()
+if [[ -n ${EMBER_CMAKE_ARGS:-} ]]; then
+  read -r -a extra <<<"$EMBER_CMAKE_ARGS"
+fi
+
+set -x
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" &&
+  cmake --build "$build" -j"$jobs" &&
+  ctest --test-dir "$build" --output-on-failure -j"$jobs"
