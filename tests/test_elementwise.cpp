@@ -9,32 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "gradcheck.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using ember::testing::gradcheck;
 using ember::testing::random_inputs;
+using namespace ember::testing;
 
 namespace {
 
-AnyTensor dt(const std::vector<double>& v, const Shape& s) { return Tensor<double>::from_vector(v, s); }
-std::vector<double> vals(const AnyTensor& t) { return t.to_double_vector(); }
 
-// Element-by-element |got - want| <= atol + rtol * |want|; equal values (infinities) always pass.
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol, double atol = 0.0) {
-  REQUIRE(got.size() == want.size());
-  int bad = 0;
-  std::ostringstream rep;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == want[i]) continue;
-    const double err = std::fabs(got[i] - want[i]);
-    if (!(err <= atol + rtol * std::fabs(want[i]))) {
-      if (bad++ < 5) rep << "element " << i << ": got " << got[i] << " want " << want[i] << "\n";
-    }
-  }
-  INFO(rep.str());
-  CHECK(bad == 0);
-}
 
 // Flat index into a tensor of shape `in` read at flat output index `o` of shape `out` (NumPy rules).
 int64_t bcast_index(const Shape& out, const Shape& in, int64_t o) {
@@ -71,9 +55,6 @@ void push_away(const AnyTensor& x, std::vector<double> points, double margin) {
       if (std::fabs(p[i] - c) < margin) p[i] = c + (p[i] >= c ? margin : -margin);
 }
 
-AnyTensor rand1(const Shape& s, uint64_t seed, double lo = -1.0, double hi = 1.0) {
-  return random_inputs({s}, seed, lo, hi)[0];
-}
 
 void check_grad(const ember::testing::GradFn& f, const std::vector<AnyTensor>& inputs) {
   CHECK_GRADIENTS(f, inputs);

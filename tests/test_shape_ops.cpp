@@ -8,35 +8,17 @@
 #include <string>
 #include <vector>
 
-#include "gradcheck.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using ember::testing::gradcheck;
 using ember::testing::random_inputs;
+using namespace ember::testing;
 
 namespace {
 
-AnyTensor dt(const std::vector<double>& v, const Shape& s) { return Tensor<double>::from_vector(v, s); }
-std::vector<double> vals(const AnyTensor& t) { return t.to_double_vector(); }
 
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol = 0.0, double atol = 0.0) {
-  REQUIRE(got.size() == want.size());
-  int bad = 0;
-  std::ostringstream rep;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == want[i]) continue;
-    const double err = std::fabs(got[i] - want[i]);
-    if (!(err <= atol + rtol * std::fabs(want[i]))) {
-      if (bad++ < 5) rep << "element " << i << ": got " << got[i] << " want " << want[i] << "\n";
-    }
-  }
-  INFO(rep.str());
-  CHECK(bad == 0);
-}
 
-AnyTensor rand1(const Shape& s, uint64_t seed, double lo = -1.0, double hi = 1.0) {
-  return random_inputs({s}, seed, lo, hi)[0];
-}
 
 std::vector<double> iota_vals(int64_t n, double start = 0) {
   std::vector<double> v(static_cast<size_t>(n));

@@ -36,7 +36,7 @@ class Embedding : public ModuleBase<Embedding> {
   template <Element T>
     requires(!std::is_integral_v<T>)
   Tensor<T> forward(const Tensor<T>& x) const {
-    throw DTypeError(detail::str_cat("Embedding: ids must be int64 or int32, got ", x.desc()));
+    throw DTypeError(::ember::detail::str_cat("Embedding: ids must be int64 or int32, got ", x.desc()));
   }
 
   AnyTensor weight;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/amp/autocast.hpp"
 #include "ember/ops/ops.hpp"
 
 namespace ember::nn {
@@ -35,7 +36,7 @@ class Module {
 
   // The untyped forward used by containers; ModuleBase implements it from forward<T>.
   virtual AnyTensor forward_any(const AnyTensor& x) {
-    throw Error(detail::str_cat(type_name(), ": this module has no single-input forward"));
+    throw Error(::ember::detail::str_cat(type_name(), ": this module has no single-input forward"));
   }
   virtual std::string type_name() const { return "Module"; }
 
@@ -227,7 +228,7 @@ class ModuleBase : public Module {
  protected:
   // Integer inputs (token ids for Embedding): a module that takes them overrides this.
   virtual AnyTensor forward_other(const AnyTensor& x) {
-    throw DTypeError(detail::str_cat(type_name(), ": floating-point input expected, got ", x.desc()));
+    throw DTypeError(::ember::detail::str_cat(type_name(), ": floating-point input expected, got ", x.desc()));
   }
 
  private:
@@ -235,10 +236,11 @@ class ModuleBase : public Module {
 };
 
 // A parameter as the activation type T: the same tensor when the types agree, else a
-// differentiable cast (so gradients reach the fp32 master weight).
+// differentiable cast (so gradients reach the fp32 master weight). Inside an amp::CastCacheGuard
+// the cast of a parameter is made once and reused (amp/autocast.hpp).
 template <Element T>
 Tensor<T> param_as(const AnyTensor& p) {
-  return Tensor<T>(p.dtype() == dtype_of<T> ? p : p.to(dtype_of<T>));
+  return Tensor<T>(p.dtype() == dtype_of<T> ? p : amp::cast_parameter(p, dtype_of<T>));
 }
 
 }  // namespace ember::nn

@@ -17,7 +17,7 @@ class HostAllocator {
     int64_t now = current_.fetch_add(b) + b;
     if (limit >= 0 && now > limit) {
       current_.fetch_sub(b);
-      throw OutOfMemory(detail::str_cat("out of memory on cpu: tried to allocate ", bytes, " bytes with ",
+      throw OutOfMemory(::ember::detail::str_cat("out of memory on cpu: tried to allocate ", bytes, " bytes with ",
                                         now - b, " bytes in use and a limit of ", limit,
                                         " bytes (set by set_memory_limit)"),
                         b, now - b, limit);
@@ -26,7 +26,7 @@ class HostAllocator {
     void* p = std::aligned_alloc(64, rounded);
     if (!p) {
       current_.fetch_sub(b);
-      throw OutOfMemory(detail::str_cat("out of memory on cpu: allocating ", bytes, " bytes failed with ",
+      throw OutOfMemory(::ember::detail::str_cat("out of memory on cpu: allocating ", bytes, " bytes failed with ",
                                         now - b, " bytes in use"),
                         b, now - b, limit);
     }

@@ -195,7 +195,7 @@ class CpuBackend : public Backend {
       case DType::Float64: f(double{}); return;
       case DType::Float16: f(half{}); return;
       case DType::BFloat16: f(bfloat16{}); return;
-      default: throw DTypeError(detail::str_cat(op, ": unsupported dtype ", dtype_name(t), " on cpu"));
+      default: throw DTypeError(::ember::detail::str_cat(op, ": unsupported dtype ", dtype_name(t), " on cpu"));
     }
   }
 

@@ -104,7 +104,7 @@ inline void gemm(const GemmArgs& g) {
       return;
     }
     default:
-      throw DTypeError(detail::str_cat("gemm: unsupported dtype ", dtype_name(g.dtype), " on cpu"));
+      throw DTypeError(::ember::detail::str_cat("gemm: unsupported dtype ", dtype_name(g.dtype), " on cpu"));
   }
 }
 
