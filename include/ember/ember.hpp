@@ -21,3 +21,5 @@
 
 #include "ember/nn/nn.hpp"
 #include "ember/optim/optim.hpp"
+#include "ember/amp/amp.hpp"
+#include "ember/train/train.hpp"

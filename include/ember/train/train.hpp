@@ -1,0 +1,3 @@
+#pragma once
+// Training-loop helpers: gradient accumulation.
+#include "ember/train/accumulate.hpp"
