@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "ember/core/backend.hpp"
+#include "ember/core/kernel_table.hpp"
 
 namespace ember::cpu {
 

@@ -1,0 +1,231 @@
+#pragma once
+// The kernel table (DESIGN.md decision 3): the abstract Backend, the problem descriptions its
+// kernels take, the registry of backends, and memory statistics. Kernel implementations include
+// this file; everything else includes core/backend.hpp, which adds the CPU backend.
+//
+// Every device-specific operation goes through the
+// abstract `Backend`. The CPU backend is defined inline in headers; the CUDA backend is defined in
+// the one translation unit compiled by nvcc (include/ember/backend/cuda/ember_cuda.cu), which
+// registers it at start-up. So every other translation unit sees the same inline definitions,
+// whether or not CUDA is present, and mixing g++ and nvcc units is not an ODR violation.
+//
+// All pointers are raw device (or host) pointers to contiguous buffers; sizes and strides are in
+// elements unless the name says bytes. Ops validate shapes and dtypes before calling in here.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "ember/core/device.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/core/error.hpp"
+#include "ember/core/shape.hpp"
+
+namespace ember {
+
+struct MemoryStats {
+  int64_t current_bytes = 0;     // bytes held by live tensors
+  int64_t peak_bytes = 0;        // maximum of current_bytes since the last reset_peak
+  int64_t num_allocations = 0;   // allocations served since start
+  int64_t limit_bytes = -1;      // allocations beyond this throw OutOfMemory; -1: no limit
+};
+
+enum class UnaryOp : uint8_t {
+  Neg, Exp, Log, Sqrt, Abs, Relu, Gelu, GeluTanh, Silu, Tanh, Sigmoid,
+  Pow,        // x ^ a
+  Clamp,      // min(max(x, a), b)
+  AddScalar,  // x + a
+  MulScalar,  // x * a
+  RSubScalar, // a - x
+  RDivScalar, // a / x
+  Square,
+  Reciprocal,
+  Sign,
+};
+
+enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Pow, Maximum, Minimum };
+enum class CompareOp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
+enum class ReduceOp : uint8_t { Sum, Mean, Max, Min, ArgMax, ArgMin };
+
+// An N-d strided view used by broadcasting kernels: `shape` of the output, and for each input the
+// element strides to walk it (0 along a broadcast dimension).
+struct StridedArgs {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t stride_a[kMaxDims] = {};
+  int64_t stride_b[kMaxDims] = {};
+  int64_t stride_c[kMaxDims] = {};  // third operand (where: the condition)
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+};
+
+struct GemmArgs {
+  DType dtype = DType::Float32;
+  bool trans_a = false, trans_b = false;  // row-major: C[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr; int64_t lda = 0; int64_t stride_a = 0;
+  const void* b = nullptr; int64_t ldb = 0; int64_t stride_b = 0;
+  void* c = nullptr; int64_t ldc = 0; int64_t stride_c = 0;
+  int64_t batch = 1;
+  double alpha = 1.0, beta = 0.0;
+};
+
+// A 2-D convolution problem, NCHW: x [n, c_in, h, w], weight [c_out, c_in/groups, kh, kw],
+// y [n, c_out, out_h, out_w] (cross-correlation, as every deep-learning framework computes).
+struct Conv2dArgs {
+  DType dtype = DType::Float32;
+  int64_t n = 0, c_in = 0, h = 0, w = 0;
+  int64_t c_out = 0, kh = 0, kw = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+  int64_t out_h = 0, out_w = 0;
+};
+
+// A 2-D pooling problem, NCHW. Window o along an axis spans [o*stride - pad, o*stride - pad + k)
+// clipped to the input, or, when `adaptive`, [floor(o*in/out), ceil((o+1)*in/out)).
+struct Pool2dArgs {
+  DType dtype = DType::Float32;
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t out_h = 0, out_w = 0;
+  bool count_include_pad = true;  // average pooling: padding counts in the divisor
+  bool adaptive = false;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+
+  // Memory. `allocate` throws OutOfMemory; `deallocate` gets back the size it was given.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p, size_t bytes) noexcept = 0;
+  virtual MemoryStats memory_stats() const = 0;
+  virtual void reset_peak_memory() = 0;
+  virtual void set_memory_limit(int64_t bytes) = 0;  // -1 removes the limit
+  virtual void synchronize() = 0;
+
+  // Copies within this device, and between this device and host memory.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) = 0;
+  // rows x row_bytes blocks with pitches (concat / split / slicing copies).
+  virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                       size_t rows) = 0;
+
+  // Fills and conversions.
+  virtual void fill(DType t, void* dst, int64_t n, double value) = 0;
+  virtual void arange(DType t, void* dst, int64_t n, double start, double step) = 0;
+  virtual void cast(DType src_t, const void* src, DType dst_t, void* dst, int64_t n) = 0;
+  // Philox4x32-10 (see core/random.hpp): element i uses counter block (offset + i/4), lane i%4.
+  virtual void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset, double lo,
+                              double hi) = 0;
+  virtual void random_normal(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                             double stddev) = 0;
+
+  // Elementwise. out may alias x.
+  virtual void unary(UnaryOp op, DType t, const void* x, void* out, int64_t n, double a, double b) = 0;
+  // gx = gy * d op(x)/dx, with y = op(x) available for ops whose derivative uses it.
+  virtual void unary_backward(UnaryOp op, DType t, const void* x, const void* y, const void* gy, void* gx,
+                              int64_t n, double a, double b) = 0;
+  // out (contiguous, shape args.shape) = a op b, read through stride_a / stride_b.
+  virtual void binary(BinaryOp op, DType t, const void* a, const void* b, void* out, const StridedArgs& args) = 0;
+  virtual void compare(CompareOp op, DType t, const void* a, const void* b, uint8_t* out,
+                       const StridedArgs& args) = 0;
+  // out = cond ? a : b; cond read through stride_c.
+  virtual void where(DType t, const uint8_t* cond, const void* a, const void* b, void* out,
+                     const StridedArgs& args) = 0;
+  // Strided gather into a contiguous buffer: out[i...] = src[sum(i_d * stride_a[d])].
+  virtual void strided_copy(DType t, const void* src, void* out, const StridedArgs& args) = 0;
+
+  // Reductions of a [outer, n, inner] view over the middle axis into [outer, inner].
+  // Sum/Mean/Max/Min write dtype t; ArgMax/ArgMin write int64.
+  virtual void reduce(ReduceOp op, DType t, const void* x, void* out, int64_t outer, int64_t n,
+                      int64_t inner) = 0;
+  // 1 when any element is inf or nan (written as uint8 to `flag`, which is not cleared first).
+  virtual void nonfinite_check(DType t, const void* x, int64_t n, uint8_t* flag) = 0;
+
+  virtual void gemm(const GemmArgs& g) = 0;
+
+  // Softmax over the last axis of a [rows, cols] matrix (log_softmax when `log`).
+  virtual void softmax(DType t, const void* x, void* y, int64_t rows, int64_t cols, bool log) = 0;
+  virtual void softmax_backward(DType t, const void* y, const void* gy, void* gx, int64_t rows, int64_t cols,
+                                bool log) = 0;
+
+  // index_select on the middle axis of [outer, src_n, inner]: out[o, j, i] = x[o, idx[j], i].
+  // Indices are int64 and already validated.
+  virtual void index_select(DType t, const void* x, const int64_t* idx, void* out, int64_t outer,
+                            int64_t src_n, int64_t idx_n, int64_t inner) = 0;
+  // Backward of index_select: gx[o, idx[j], i] += gy[o, j, i] (gx already initialised).
+  virtual void index_add(DType t, const void* gy, const int64_t* idx, void* gx, int64_t outer, int64_t src_n,
+                         int64_t idx_n, int64_t inner) = 0;
+  // torch.gather along the middle axis: out[o, j, i] = x[o, idx[o, j, i], i].
+  virtual void gather(DType t, const void* x, const int64_t* idx, void* out, int64_t outer, int64_t src_n,
+                      int64_t idx_n, int64_t inner) = 0;
+  // Backward of gather: gx[o, idx[o, j, i], i] += gy[o, j, i].
+  virtual void scatter_add(DType t, const void* gy, const int64_t* idx, void* gx, int64_t outer,
+                           int64_t src_n, int64_t idx_n, int64_t inner) = 0;
+
+  // Convolution (floating types; no bias: the op adds it). The backward passes overwrite.
+  virtual void conv2d_forward(const Conv2dArgs& a, const void* x, const void* w, void* y) = 0;
+  virtual void conv2d_backward_input(const Conv2dArgs& a, const void* gy, const void* w, void* gx) = 0;
+  virtual void conv2d_backward_weight(const Conv2dArgs& a, const void* x, const void* gy, void* gw) = 0;
+  // Pooling (floating types). Max pooling records the flat h*w index of each window's first
+  // maximum (-1 for a window with no input element); the backward passes overwrite gx.
+  virtual void max_pool2d_forward(const Pool2dArgs& p, const void* x, void* y, int64_t* indices) = 0;
+  virtual void max_pool2d_backward(const Pool2dArgs& p, const void* gy, const int64_t* indices, void* gx) = 0;
+  virtual void avg_pool2d_forward(const Pool2dArgs& p, const void* x, void* y) = 0;
+  virtual void avg_pool2d_backward(const Pool2dArgs& p, const void* gy, void* gx) = 0;
+};
+
+namespace detail {
+inline int& cuda_device_count_slot() {
+  static int count = 0;
+  return count;
+}
+}  // namespace detail
+
+// Called by the nvcc-compiled translation unit at start-up.
+inline void register_cuda_backend(Backend* (*for_device)(int), int device_count);
+
+inline Backend& cpu_backend();  // defined in backend/cpu/cpu_backend.hpp, included at the end
+
+namespace detail {
+inline Backend* (*&cuda_backend_factory())(int) {
+  static Backend* (*factory)(int) = nullptr;
+  return factory;
+}
+}  // namespace detail
+
+inline void register_cuda_backend(Backend* (*for_device)(int), int device_count) {
+  detail::cuda_backend_factory() = for_device;
+  detail::cuda_device_count_slot() = device_count;
+}
+
+namespace cuda {
+// True when the CUDA backend was compiled into this program (ember::cuda linked).
+inline bool is_compiled() { return detail::cuda_backend_factory() != nullptr; }
+// Number of usable CUDA devices; 0 without a GPU or without the CUDA backend.
+inline int device_count() { return detail::cuda_device_count_slot(); }
+inline bool is_available() { return device_count() > 0; }
+}  // namespace cuda
+
+inline Backend& backend_for(Device d) {
+  if (d.is_cpu()) return cpu_backend();
+  EMBER_CHECK(cuda::is_compiled(), DeviceError, "device ", d.str(),
+              " requested but the CUDA backend is not compiled into this program (link ember::cuda, "
+              "which compiles include/ember/backend/cuda/ember_cuda.cu with nvcc)");
+  EMBER_CHECK(d.index() >= 0 && d.index() < cuda::device_count(), DeviceError, "device ", d.str(),
+              " requested but ", cuda::device_count(), " CUDA device(s) are available");
+  return *detail::cuda_backend_factory()(d.index());
+}
+
+// Memory statistics of a device (DESIGN.md decision 7).
+inline MemoryStats memory_stats(Device d = Device::cpu()) { return backend_for(d).memory_stats(); }
+inline void reset_peak_memory(Device d = Device::cpu()) { backend_for(d).reset_peak_memory(); }
+inline void set_memory_limit(Device d, int64_t bytes) { backend_for(d).set_memory_limit(bytes); }
+inline void synchronize(Device d) { backend_for(d).synchronize(); }
+
+}  // namespace ember
