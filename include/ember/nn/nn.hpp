@@ -2,6 +2,7 @@
 // All of ember::nn.
 #include "ember/nn/activation.hpp"
 #include "ember/nn/attention.hpp"
+#include "ember/nn/checkpoint.hpp"
 #include "ember/nn/conv.hpp"
 #include "ember/nn/dropout.hpp"
 #include "ember/nn/embedding.hpp"
