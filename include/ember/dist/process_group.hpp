@@ -1,0 +1,77 @@
+#pragma once
+// dist::ProcessGroup: the collectives data parallelism needs, over a backend that moves the
+// tensors (DESIGN.md decision 9: NCCL for CUDA tensors, MPI for CPU tensors; no home-made
+// transport). Every rank calls the same collectives in the same order with tensors of the same
+// shape and dtype. Synchronous calls return when the result is in place; asynchronous ones
+// return a Work handle to wait on (GPU work is ordered on streams with events: no host sync).
+// Every wait has a deadline (ProcessGroupOptions::timeout): a peer that fails or vanishes
+// becomes an ember::DistributedError on the ranks that wait for it, never a silent hang.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/core/tensor.hpp"
+
+namespace ember::dist {
+
+enum class ReduceOp : uint8_t { Sum, Avg, Max };
+
+inline const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
+struct ProcessGroupOptions {
+  // How long a collective may wait for the other ranks before it raises DistributedError.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// A pending collective. wait() blocks until it completes (or throws DistributedError on failure
+// or timeout); is_completed() polls. For GPU collectives, completion means "ordered before any
+// later work on ember's stream for that device", not that the host has seen the result.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() = 0;
+  virtual void wait() = 0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+
+  // In place: every rank ends with the reduction of all ranks' tensors.
+  virtual std::shared_ptr<Work> all_reduce_async(AnyTensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  // In place: every rank ends with root's tensor.
+  virtual std::shared_ptr<Work> broadcast_async(AnyTensor& t, int root = 0) = 0;
+  // input has size() * output.numel() elements: rank r gets the reduction of chunk r.
+  virtual std::shared_ptr<Work> reduce_scatter_async(AnyTensor& output, const AnyTensor& input,
+                                                     ReduceOp op = ReduceOp::Sum) = 0;
+  // output has size() * input.numel() elements: chunk r is rank r's input.
+  virtual std::shared_ptr<Work> all_gather_async(AnyTensor& output, const AnyTensor& input) = 0;
+  virtual void barrier() = 0;
+
+  void all_reduce(AnyTensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
+  void broadcast(AnyTensor& t, int root = 0) { broadcast_async(t, root)->wait(); }
+  void reduce_scatter(AnyTensor& output, const AnyTensor& input, ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_async(output, input, op)->wait();
+  }
+  void all_gather(AnyTensor& output, const AnyTensor& input) { all_gather_async(output, input)->wait(); }
+};
+
+// A Work that is already done (single-rank groups, empty tensors).
+class CompletedWork : public Work {
+ public:
+  bool is_completed() override { return true; }
+  void wait() override {}
+};
+
+}  // namespace ember::dist
