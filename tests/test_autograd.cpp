@@ -230,3 +230,18 @@ TEST_CASE("conversions are differentiable: to<U>() and clone", "[autograd]") {
                            testing::random_inputs({{4, 2}}, 9))
             .ok);
 }
+
+TEST_CASE("callbacks queued during backward run once at its end, in order", "[autograd][hooks]") {
+  auto w = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  std::vector<std::string> events;
+  w.register_grad_ready_hook([&](const AnyTensor&) {
+    events.push_back("hook");
+    autograd::queue_callback([&] {
+      events.push_back("end 1");
+      autograd::queue_callback([&] { events.push_back("end 2"); });
+    });
+  });
+  sum(w * 3.0).backward();
+  CHECK(events == std::vector<std::string>{"hook", "end 1", "end 2"});
+  CHECK_THROWS_AS(autograd::queue_callback([] {}), AutogradError);
+}

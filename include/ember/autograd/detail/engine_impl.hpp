@@ -32,7 +32,23 @@ inline void check_gradient(const Node& node, size_t i, const AnyTensor& g) {
               "backward of ", node.name(), " returned a gradient ", g.desc(), " for input ", i, " which is ",
               dtype_name(m.dtype), m.shape.str(), " on ", m.device.str());
 }
+
+// Callbacks queued during a backward pass run once, in order, when that pass has finished (the
+// data-parallel wrapper waits for its last all-reduces there). Per thread; nested passes (a
+// checkpoint's recomputation) keep their own list.
+inline std::vector<std::function<void()>>*& current_backward_callbacks() {
+  thread_local std::vector<std::function<void()>>* list = nullptr;
+  return list;
+}
 }  // namespace detail
+
+// Queues fn to run at the end of the backward pass currently running on this thread. Called from
+// a gradient-ready hook or a backward function; outside a backward pass it is an error.
+inline void queue_callback(std::function<void()> fn) {
+  auto* list = detail::current_backward_callbacks();
+  EMBER_CHECK(list != nullptr, AutogradError, "queue_callback: no backward pass is running on this thread");
+  list->push_back(std::move(fn));
+}
 
 inline std::vector<AnyTensor> AccumulateGrad::apply(std::vector<AnyTensor>&& grad_outputs) {
   AnyTensor g = grad_outputs.at(0);
@@ -58,6 +74,13 @@ inline void backward(const std::vector<AnyTensor>& roots, const std::vector<AnyT
   EMBER_CHECK(roots.size() == grads.size(), AutogradError, "backward: ", roots.size(), " roots but ",
               grads.size(), " gradients");
   NoGradGuard no_grad;  // backward functions run untaped
+  std::vector<std::function<void()>> callbacks;
+  auto* outer_callbacks = detail::current_backward_callbacks();
+  detail::current_backward_callbacks() = &callbacks;
+  struct RestoreCallbacks {
+    std::vector<std::function<void()>>* outer;
+    ~RestoreCallbacks() { detail::current_backward_callbacks() = outer; }
+  } restore{outer_callbacks};
   // Gradient buffers per node and output slot.
   std::unordered_map<Node*, std::vector<AnyTensor>> buffers;
   std::unordered_map<Node*, int> dependencies;
@@ -136,6 +159,8 @@ inline void backward(const std::vector<AnyTensor>& roots, const std::vector<AnyT
       if (--dependencies[e.node.get()] == 0) ready.push_back(e.node);
     }
   }
+  // A callback may queue another (it runs too).
+  for (size_t i = 0; i < callbacks.size(); ++i) callbacks[i]();
 }
 
 }  // namespace ember::autograd
