@@ -175,6 +175,18 @@ class GradScaler {
     return !found_inf;
   }
 
+  // The found-inf flags unscale_(opt) recorded (uint8 0-d tensors, one per gradient device), as
+  // handles: writing into them before step(opt) changes its verdict (dist::sync_found_inf
+  // all-reduces them over the ranks). Forgets a verdict already read on the host.
+  std::vector<AnyTensor> found_inf_flags(const optim::Optimizer& opt) {
+    std::vector<AnyTensor> out;
+    auto it = per_optimizer_.find(&opt);
+    if (it == per_optimizer_.end()) return out;
+    it->second.known = -1;
+    for (auto& [dev, f] : it->second.flags) out.push_back(f);
+    return out;
+  }
+
   // Updates the scale from the inf/NaN checks of this iteration (see the header comment).
   void update() {
     if (!enabled_) return;

@@ -1,0 +1,571 @@
+// Data parallelism with ThreadProcessGroup: N ranks as N threads of this process, each running
+// the same training code on its slice of the batch. Catch2's assertions are not thread-safe, so
+// the rank threads only record numbers; the test thread checks them after join.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "ember/dist/data_parallel.hpp"
+#include "ember/dist/thread_group.hpp"
+#include "ember/dist/zero.hpp"
+#include "ember/ember.hpp"
+
+using namespace ember;
+
+namespace {
+
+using Groups = std::vector<std::shared_ptr<dist::ThreadProcessGroup>>;
+
+// Runs fn(rank, group) on `world` threads; returns each rank's exception (or null).
+template <class Fn>
+std::vector<std::exception_ptr> run_ranks(const Groups& groups, Fn fn) {
+  std::vector<std::exception_ptr> errors(groups.size());
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < groups.size(); ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(static_cast<int>(r), *groups[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+void rethrow_any(const std::vector<std::exception_ptr>& errors) {
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// Parameters from an explicit generator (the default one is shared by the threads).
+void init_params(nn::Module& m, uint64_t seed) {
+  Generator gen(seed);
+  NoGradGuard no_grad;
+  for (auto& [n, p] : m.named_parameters()) {
+    AnyTensor t = p;
+    nn::init::uniform_(t, -0.5, 0.5, gen);
+  }
+}
+
+std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed, int64_t hidden = 8, DType dt = DType::Float32) {
+  nn::LinearOptions o;
+  o.dtype = dt;
+  auto m = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(4, hidden, o), std::make_shared<nn::Tanh>(),
+                                            std::make_shared<nn::Linear>(hidden, 3, o));
+  init_params(*m, seed);
+  return m;
+}
+
+struct Data {
+  std::vector<float> x, y;  // N x 4, N x 3
+  int64_t n;
+};
+Data make_data(int64_t n, uint64_t seed) {
+  Data d{{}, {}, n};
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < n * 4; ++i) d.x.push_back(u(rng));
+  for (int64_t i = 0; i < n * 3; ++i) d.y.push_back(u(rng));
+  return d;
+}
+std::pair<FloatTensor, FloatTensor> rows(const Data& d, const std::vector<int64_t>& idx) {
+  std::vector<float> x, y;
+  for (int64_t i : idx) {
+    x.insert(x.end(), d.x.begin() + i * 4, d.x.begin() + i * 4 + 4);
+    y.insert(y.end(), d.y.begin() + i * 3, d.y.begin() + i * 3 + 3);
+  }
+  const int64_t b = static_cast<int64_t>(idx.size());
+  return {FloatTensor::from_vector(x, {b, 4}), FloatTensor::from_vector(y, {b, 3})};
+}
+// The epoch's order: the same on every rank (seeded by the epoch, as DistributedSampler does).
+std::vector<int64_t> permutation(int64_t n, int epoch) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  std::mt19937 rng(static_cast<uint32_t>(1000 + epoch));
+  std::shuffle(p.begin(), p.end(), rng);
+  return p;
+}
+// Rank r's contiguous slice of a global batch.
+std::vector<int64_t> slice_of(const std::vector<int64_t>& batch, int r, int world) {
+  const size_t b = batch.size(), w = static_cast<size_t>(world), rr = static_cast<size_t>(r);
+  const size_t per = b / w, extra = b % w;
+  const size_t begin = rr * per + std::min(rr, extra), end = begin + per + (rr < extra ? 1 : 0);
+  return {batch.begin() + static_cast<std::ptrdiff_t>(begin), batch.begin() + static_cast<std::ptrdiff_t>(end)};
+}
+
+AnyTensor loss_of(nn::Module& m, const FloatTensor& x, const FloatTensor& y) {
+  return nn::functional::mse_loss(FloatTensor(m.forward_any(x)), y);
+}
+
+// Largest max|a - b| / max|b| (per tensor) over all parameters' gradients (or values): fp32 sums
+// in another order differ by a few ulps of the tensor's largest element, not of each element.
+double max_rel(const std::vector<AnyTensor>& a, const std::vector<AnyTensor>& b, bool grads) {
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    AnyTensor ta = grads ? a[i].grad() : a[i], tb = grads ? b[i].grad() : b[i];
+    if (!ta.defined() || !tb.defined()) return INFINITY;
+    auto va = ta.to_double_vector(), vb = tb.to_double_vector();
+    double scale = 0.0;
+    for (double v : vb) scale = std::max(scale, std::fabs(v));
+    double diff = 0.0;
+    for (size_t k = 0; k < va.size(); ++k) diff = std::max(diff, std::fabs(va[k] - vb[k]));
+    if (diff > 0.0) worst = std::max(worst, diff / std::max(scale, 1e-30));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("ThreadProcessGroup collectives: all_reduce, broadcast, reduce_scatter, all_gather", "[dist]") {
+  for (int world : {2, 3}) {
+    auto groups = dist::ThreadProcessGroup::create(world);
+    std::vector<std::vector<double>> sum(world), avg(world), mx(world), bc(world), rs(world), ag(world), ints(world);
+    rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      AnyTensor a = FloatTensor::from_vector({float(r), float(r + 1), -float(r)});
+      g.all_reduce(a, dist::ReduceOp::Sum);
+      sum[r] = a.to_double_vector();
+      AnyTensor b = DoubleTensor::from_vector({double(r), 1.0});
+      g.all_reduce(b, dist::ReduceOp::Avg);
+      avg[r] = b.to_double_vector();
+      AnyTensor c = IntTensor::from_vector({r, -r});
+      g.all_reduce(c, dist::ReduceOp::Max);
+      mx[r] = c.to_double_vector();
+      AnyTensor d = HalfTensor::from_vector({half(float(r + 10))});
+      g.broadcast(d, 1);
+      bc[r] = d.to_double_vector();
+      std::vector<int64_t> in;
+      for (int k = 0; k < 2 * g.size(); ++k) in.push_back(k + 100 * r);
+      AnyTensor out = LongTensor::zeros({2});
+      g.reduce_scatter(out, LongTensor::from_vector(in), dist::ReduceOp::Sum);
+      rs[r] = out.to_double_vector();
+      AnyTensor all = FloatTensor::zeros({g.size()});
+      g.all_gather(all, FloatTensor::from_vector({float(r) * 2}));
+      ag[r] = all.to_double_vector();
+      g.barrier();
+    }));
+    const double s = world * (world - 1) / 2.0;
+    for (int r = 0; r < world; ++r) {
+      CHECK(sum[r] == std::vector<double>{s, s + world, -s});
+      CHECK(avg[r] == std::vector<double>{s / world, 1.0});
+      CHECK(mx[r] == std::vector<double>{double(world - 1), 0.0});
+      CHECK(bc[r] == std::vector<double>{11.0});
+      const double base = 100.0 * s;
+      CHECK(rs[r] == std::vector<double>{world * (2.0 * r) + base, world * (2.0 * r + 1) + base});
+      std::vector<double> want;
+      for (int k = 0; k < world; ++k) want.push_back(2.0 * k);
+      CHECK(ag[r] == want);
+    }
+  }
+}
+
+TEST_CASE("ThreadProcessGroup: a missing rank is a DistributedError after the timeout, a mismatch an error", "[dist]") {
+  dist::ProcessGroupOptions opt;
+  opt.timeout = std::chrono::milliseconds(200);
+  {
+    auto groups = dist::ThreadProcessGroup::create(3, opt);
+    std::vector<double> elapsed(3, 0.0);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      if (r == 2) return;  // never arrives
+      auto t0 = std::chrono::steady_clock::now();
+      AnyTensor a = FloatTensor::ones({4});
+      auto work = g.all_reduce_async(a);
+      if (work->is_completed()) throw std::logic_error("completed without rank 2");
+      try {
+        work->wait();
+      } catch (...) {
+        elapsed[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        throw;
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(errors[r]);
+      CHECK_THROWS_AS(std::rethrow_exception(errors[r]), DistributedError);
+      CHECK_THROWS_WITH(std::rethrow_exception(errors[r]), Catch::Contains("rank(s) 2"));
+      CHECK(elapsed[r] >= 0.19);
+      CHECK(elapsed[r] < 5.0);
+    }
+    CHECK_FALSE(errors[2]);
+  }
+  {
+    auto groups = dist::ThreadProcessGroup::create(2, opt);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      AnyTensor a = FloatTensor::ones({r == 0 ? 4 : 5});
+      g.all_reduce(a);
+    });
+    for (auto& e : errors) {
+      REQUIRE(e);
+      CHECK_THROWS_AS(std::rethrow_exception(e), DistributedError);
+    }
+  }
+}
+
+TEST_CASE("DataParallel gradients equal single-process gradients of the whole batch, 2 and 3 ranks", "[dist]") {
+  for (int world : {2, 3}) {
+    INFO("world " << world);
+    const Data data = make_data(36, 7);
+    const int64_t global_batch = 6;
+    const int iterations = 8;
+    auto groups = dist::ThreadProcessGroup::create(world);
+    std::vector<std::vector<double>> grad_err(world), param_err(world);
+    std::vector<size_t> buckets(world);
+    rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      auto base = make_mlp(1);
+      auto replica = make_mlp(1 + static_cast<uint64_t>(r));  // differs: the broadcast fixes it
+      // Tiny buckets: several all-reduces in flight during backward.
+      dist::DataParallelOptions o;
+      o.first_bucket_bytes = 64;
+      o.bucket_cap_bytes = 128;
+      dist::DataParallel dp(replica, g, o);
+      buckets[r] = dp.bucket_count();
+      param_err[r].push_back(max_rel(replica->parameters(), base->parameters(), false));
+      optim::SGD base_opt(base->parameters(), {.lr = 0.1});
+      optim::SGD opt(replica->parameters(), {.lr = 0.1});
+      int it = 0;
+      for (int epoch = 0; it < iterations; ++epoch) {
+        auto perm = permutation(data.n, epoch);
+        for (int64_t s = 0; s + global_batch <= data.n && it < iterations; s += global_batch, ++it) {
+          std::vector<int64_t> batch(perm.begin() + s, perm.begin() + s + global_batch);
+          auto [xb, yb] = rows(data, batch);
+          base_opt.zero_grad();
+          loss_of(*base, xb, yb).backward();
+          auto [xs, ys] = rows(data, slice_of(batch, r, g.size()));
+          opt.zero_grad();
+          auto out = dp(xs);
+          nn::functional::mse_loss(out, ys).backward();
+          grad_err[r].push_back(max_rel(replica->parameters(), base->parameters(), true));
+          base_opt.step();
+          opt.step();
+        }
+      }
+      param_err[r].push_back(max_rel(replica->parameters(), base->parameters(), false));
+    }));
+    for (int r = 0; r < world; ++r) {
+      CHECK(buckets[r] >= 3);
+      REQUIRE(grad_err[r].size() == static_cast<size_t>(iterations));
+      for (double e : grad_err[r]) CHECK(e <= 1e-6);
+      CHECK(param_err[r][0] == 0.0);
+      CHECK(param_err[r][1] <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("DataParallel no_sync: local gradients while accumulating, the global ones at the sync step", "[dist]") {
+  const int world = 2, k = 3;
+  const Data data = make_data(24, 11);
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::vector<double>> err(world);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto base = make_mlp(3);
+    auto replica = make_mlp(3);
+    dist::DataParallel dp(replica, g);
+    auto perm = permutation(data.n, 0);
+    for (int m = 0; m < k; ++m) {
+      std::vector<int64_t> batch(perm.begin() + m * 8, perm.begin() + m * 8 + 8);
+      auto [xb, yb] = rows(data, batch);
+      loss_of(*base, xb, yb).backward();
+      auto [xs, ys] = rows(data, slice_of(batch, r, world));
+      if (m < k - 1) {
+        auto guard = dp.no_sync();
+        if (dp.require_backward_grad_sync()) throw std::logic_error("no_sync guard not in effect");
+        loss_of(dp.module(), xs, ys).backward();
+      } else {
+        loss_of(dp.module(), xs, ys).backward();
+      }
+      err[r].push_back(max_rel(replica->parameters(), base->parameters(), true));
+    }
+  }));
+  for (int r = 0; r < world; ++r) {
+    REQUIRE(err[r].size() == static_cast<size_t>(k));
+    CHECK(err[r][0] > 1e-3);  // only this rank's half of the batch
+    CHECK(err[r][1] > 1e-3);
+    CHECK(err[r][2] <= 1e-6);  // the synchronising backward averaged the accumulated sums
+  }
+}
+
+TEST_CASE("DataParallel with gradient checkpointing and an unused parameter", "[dist]") {
+  // Checkpointed first layer (its gradients arrive in a nested backward after the second
+  // layer's), checkpointed last layer (nested backward first), and an extra unused layer.
+  struct Net : nn::Module {
+    std::shared_ptr<nn::Linear> l1, l2, unused;
+    bool ckpt_first;
+    explicit Net(bool first) : ckpt_first(first) {
+      l1 = register_module("l1", std::make_shared<nn::Linear>(4, 8));
+      l2 = register_module("l2", std::make_shared<nn::Linear>(8, 3));
+      unused = register_module("unused", std::make_shared<nn::Linear>(2, 2));
+    }
+    AnyTensor forward_any(const AnyTensor& x) override {
+      auto a = l1, b = l2;
+      if (ckpt_first) {
+        AnyTensor h = nn::checkpoint([a](const AnyTensor& v) { return op::tanh(a->forward_any(v)); }, x);
+        return b->forward_any(h);
+      }
+      AnyTensor h = op::tanh(a->forward_any(x));
+      return nn::checkpoint([b](const AnyTensor& v) { return b->forward_any(v); }, h);
+    }
+  };
+  for (bool first : {true, false}) {
+    INFO("checkpoint first layer " << first);
+    const int world = 2;
+    const Data data = make_data(16, 5);
+    auto groups = dist::ThreadProcessGroup::create(world);
+    std::vector<std::vector<double>> err(world);
+    std::vector<double> unused_grad(world, -1.0);
+    rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      auto base = std::make_shared<Net>(first);
+      init_params(*base, 21);
+      auto replica = std::make_shared<Net>(first);
+      init_params(*replica, 21);
+      dist::DataParallel dp(replica, g);
+      for (int it = 0; it < 3; ++it) {
+        auto perm = permutation(data.n, it);
+        std::vector<int64_t> batch(perm.begin(), perm.begin() + 8);
+        base->zero_grad();
+        replica->zero_grad();
+        auto [xb, yb] = rows(data, batch);
+        loss_of(*base, xb, yb).backward();
+        auto [xs, ys] = rows(data, slice_of(batch, r, world));
+        loss_of(dp.module(), xs, ys).backward();
+        std::vector<AnyTensor> used = {replica->l1->weight, replica->l1->bias, replica->l2->weight, replica->l2->bias};
+        std::vector<AnyTensor> used_base = {base->l1->weight, base->l1->bias, base->l2->weight, base->l2->bias};
+        err[r].push_back(max_rel(used, used_base, true));
+      }
+      AnyTensor ug = replica->unused->weight.grad();
+      if (ug.defined()) {
+        double mxv = 0.0;
+        for (double v : ug.to_double_vector()) mxv = std::max(mxv, std::fabs(v));
+        unused_grad[r] = mxv;
+      }
+    }));
+    for (int r = 0; r < world; ++r) {
+      REQUIRE(err[r].size() == 3);
+      for (double e : err[r]) CHECK(e <= 1e-6);
+      CHECK(unused_grad[r] == 0.0);  // treated as zero: a zero gradient
+    }
+  }
+}
+
+TEST_CASE("DataParallel: the uneven last batch finishes with identical gradients on every rank", "[dist]") {
+  const int world = 3;
+  const Data data = make_data(10, 13);  // batches of 6: the last has 4 samples (2, 1, 1 per rank)
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::vector<std::vector<double>>> grads(world);
+  std::vector<int> steps(world, 0);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto replica = make_mlp(4);
+    dist::DataParallel dp(replica, g);
+    optim::SGD opt(replica->parameters(), {.lr = 0.05});
+    auto perm = permutation(data.n, 0);
+    for (int64_t s = 0; s < data.n; s += 6) {
+      std::vector<int64_t> batch(perm.begin() + s, perm.begin() + std::min<int64_t>(s + 6, data.n));
+      auto [xs, ys] = rows(data, slice_of(batch, r, world));
+      opt.zero_grad();
+      loss_of(dp.module(), xs, ys).backward();
+      opt.step();
+      ++steps[r];
+    }
+    for (auto& p : replica->parameters()) grads[r].push_back(p.grad().to_double_vector());
+  }));
+  for (int r = 0; r < world; ++r) {
+    CHECK(steps[r] == 2);
+    CHECK(grads[r] == grads[0]);
+  }
+  CHECK_FALSE(grads[0].empty());
+}
+
+TEST_CASE("DataParallel: a rank that stops makes the others throw DistributedError within the timeout", "[dist]") {
+  const int world = 3;
+  dist::ProcessGroupOptions opt;
+  opt.timeout = std::chrono::milliseconds(300);
+  auto groups = dist::ThreadProcessGroup::create(world, opt);
+  const Data data = make_data(12, 17);
+  std::vector<int> done(world, 0);
+  std::vector<double> elapsed(world, 0.0);
+  auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto replica = make_mlp(5);
+    dist::DataParallel dp(replica, g);
+    for (int it = 0; it < 3; ++it) {
+      if (r == 2 && it == 1) return;  // this rank stops participating
+      auto [xs, ys] = rows(data, {int64_t(r), int64_t(r + 3)});
+      replica->zero_grad();
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        loss_of(dp.module(), xs, ys).backward();
+      } catch (...) {
+        elapsed[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        throw;
+      }
+      ++done[r];
+    }
+  });
+  CHECK_FALSE(errors[2]);
+  CHECK(done[2] == 1);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(done[r] == 1);
+    REQUIRE(errors[r]);
+    CHECK_THROWS_AS(std::rethrow_exception(errors[r]), DistributedError);
+    CHECK(elapsed[r] >= 0.29);
+    CHECK(elapsed[r] < 10.0);
+  }
+}
+
+TEST_CASE("DataParallel: replicas with different models give a clear DistributedError", "[dist]") {
+  SECTION("a different shape") {
+    auto groups = dist::ThreadProcessGroup::create(2);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      dist::DataParallel dp(make_mlp(1, r == 0 ? 8 : 9), g);
+    });
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(errors[r]);
+      CHECK_THROWS_AS(std::rethrow_exception(errors[r]), DistributedError);
+      CHECK_THROWS_WITH(std::rethrow_exception(errors[r]),
+                        Catch::Contains("parameter #0") && Catch::Contains("rank 1") && Catch::Contains("0.weight"));
+    }
+  }
+  SECTION("an extra layer") {
+    auto groups = dist::ThreadProcessGroup::create(3);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      auto m = make_mlp(1);
+      if (r == 2) m->push_back(std::make_shared<nn::Linear>(3, 3));
+      dist::DataParallel dp(m, g);
+    });
+    for (int r = 0; r < 3; ++r) {
+      REQUIRE(errors[r]);
+      CHECK_THROWS_WITH(std::rethrow_exception(errors[r]),
+                        Catch::Contains("rank 0 has 4 parameters, rank 2 has 6"));
+    }
+  }
+}
+
+TEST_CASE("ZeroRedundancyOptimizer: Adam on shards equals data-parallel Adam, with 1/world of the state", "[dist]") {
+  for (int world : {2, 3}) {
+    INFO("world " << world);
+    const Data data = make_data(24, 19);
+    auto groups = dist::ThreadProcessGroup::create(world);
+    std::vector<double> err(world, INFINITY);
+    std::vector<int64_t> zero_state(world), plain_state(world);
+    int64_t mem_plain = 0, mem_zero = 0;
+    rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      // Wide enough that the "step" scalars and the padding are small next to the moments.
+      auto a = make_mlp(2, 64), b = make_mlp(2, 64);
+      dist::DataParallel dp(a, g);
+      optim::Adam adam(a->parameters(), {.lr = 0.01});
+      dist::ZeroRedundancyOptimizer zero(b->parameters(), g, [](std::vector<AnyTensor> ps) {
+        return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.01});
+      });
+      for (int it = 0; it < 5; ++it) {
+        auto perm = permutation(data.n, it);
+        std::vector<int64_t> batch(perm.begin(), perm.begin() + 6 * world);
+        auto [xs, ys] = rows(data, slice_of(batch, r, world));
+        adam.zero_grad();
+        loss_of(dp.module(), xs, ys).backward();
+        zero.zero_grad();
+        loss_of(*b, xs, ys).backward();  // local gradients: zero.step() averages them
+        // The first steps allocate the optimizer state: measure it with memory_stats (every
+        // rank steps between two barriers, so the difference is all ranks' state).
+        if (it == 0) {
+          g.barrier();
+          const int64_t m0 = memory_stats().current_bytes;
+          g.barrier();
+          adam.step();
+          g.barrier();
+          const int64_t m1 = memory_stats().current_bytes;
+          g.barrier();
+          zero.step();
+          g.barrier();
+          const int64_t m2 = memory_stats().current_bytes;
+          g.barrier();
+          if (r == 0) {
+            mem_plain = m1 - m0;
+            mem_zero = m2 - m1;
+          }
+        } else {
+          adam.step();
+          zero.step();
+        }
+      }
+      err[r] = max_rel(b->parameters(), a->parameters(), false);
+      zero_state[r] = zero.state_bytes();
+      int64_t s = 0;
+      for (auto& p : a->parameters())
+        if (auto* st = adam.state(p))
+          for (auto& [k, v] : *st) s += static_cast<int64_t>(v.nbytes());
+      plain_state[r] = s;
+    }));
+    for (int r = 0; r < world; ++r) {
+      CHECK(err[r] <= 1e-6);
+      const double ratio = double(plain_state[r]) / double(zero_state[r]);
+      CHECK(ratio > world * 0.95);
+      CHECK(ratio < world * 1.05);
+    }
+    // memory_stats: all ranks' new state, plain vs sharded.
+    const double mem_ratio = double(mem_plain) / double(mem_zero);
+    INFO("memory_stats: plain Adam state " << mem_plain << " bytes, ZeRO-1 " << mem_zero);
+    CHECK(mem_ratio > world * 0.9);
+    CHECK(mem_ratio < world * 1.1);
+  }
+}
+
+TEST_CASE("sync_found_inf: every rank skips the step when one rank found an inf", "[dist]") {
+  const int world = 2;
+  auto groups = dist::ThreadProcessGroup::create(world);
+  const Data data = make_data(8, 23);
+  std::vector<int> stepped(world, -1), found(world, -1);
+  std::vector<double> scale(world), changed(world);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto m = make_mlp(6);
+    auto before = m->parameters()[0].to_double_vector();
+    optim::SGD opt(m->parameters(), {.lr = 0.1});
+    amp::GradScaler scaler;
+    auto [xs, ys] = rows(data, {int64_t(r * 2), int64_t(r * 2 + 1)});
+    scaler.scale(loss_of(*m, xs, ys)).backward();  // no DataParallel: the inf stays on rank 1
+    if (r == 1) {
+      AnyTensor gr = m->parameters()[0].grad();
+      float inf = INFINITY;
+      gr.backend().copy_from_host(gr.data_ptr(), &inf, sizeof(float));
+    }
+    found[r] = dist::sync_found_inf(scaler, opt, g) ? 1 : 0;
+    stepped[r] = scaler.step(opt) ? 1 : 0;
+    scaler.update();
+    scale[r] = scaler.get_scale();
+    changed[r] = m->parameters()[0].to_double_vector() == before ? 0.0 : 1.0;
+  }));
+  for (int r = 0; r < world; ++r) {
+    CHECK(found[r] == 1);
+    CHECK(stepped[r] == 0);
+    CHECK(changed[r] == 0.0);
+    CHECK(scale[r] == 32768.0);
+  }
+}
+
+TEST_CASE("DataParallel with bfloat16 parameters: identical gradients on every rank, close to the whole batch", "[dist]") {
+  const int world = 2;
+  const Data data = make_data(8, 29);
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::vector<double>> grads(world);
+  std::vector<double> err(world);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto base = make_mlp(8, 8, DType::BFloat16), replica = make_mlp(8, 8, DType::BFloat16);
+    dist::DataParallel dp(replica, g);
+    std::vector<int64_t> batch = {0, 1, 2, 3, 4, 5, 6, 7};
+    auto [xb, yb] = rows(data, batch);
+    auto bl = nn::functional::mse_loss(BFloat16Tensor(base->forward_any(xb.to<bfloat16>())), yb);
+    bl.backward();
+    auto [xs, ys] = rows(data, slice_of(batch, r, world));
+    auto l = nn::functional::mse_loss(BFloat16Tensor(dp.forward_any(xs.to<bfloat16>())), ys);
+    l.backward();
+    for (auto& p : replica->parameters()) {
+      REQUIRE(p.grad().dtype() == DType::BFloat16);
+      auto v = p.grad().to_double_vector();
+      grads[r].insert(grads[r].end(), v.begin(), v.end());
+    }
+    err[r] = max_rel(replica->parameters(), base->parameters(), true);
+  }));
+  CHECK(grads[0] == grads[1]);
+  for (int r = 0; r < world; ++r) CHECK(err[r] <= 0.05);
+}
