@@ -6,20 +6,25 @@
 // just after wait(), on large tensors, so a missing event wait would read stale data. A timeout test
 // holds ember's stream with a blocking host function so that a collective cannot finish, and checks
 // that a host wait with a deadline aborts the communicator and throws DistributedError.
-// Built only with the CUDA backend (tests/CMakeLists.txt); without a GPU each test prints
-// "SKIPPED: no GPU".
+// Built only with the CUDA backend (tests/CMakeLists.txt); without a GPU the GPU tests print
+// "SKIPPED: no GPU" (the unique-id bootstrap and the argument checks run anyway).
 #include <catch2/catch.hpp>
 
 #if __has_include(<nccl.h>) && __has_include(<cuda_runtime.h>)
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <ember/core/tensor.hpp>
 #include <ember/dist/nccl.hpp>
+#include <ember/dist/thread_group.hpp>
 #include <ember/ops/elementwise.hpp>
 
 #include "gpu_skip.hpp"
@@ -214,6 +219,32 @@ TEST_CASE("nccl: a collective that cannot finish times out, aborts and throws", 
   releaser.join();
   w.reset();
   REQUIRE(cudaStreamSynchronize(ember_stream) == cudaSuccess);
+}
+
+// These need no GPU: the bootstrap of the unique id over a CPU group, and argument checks.
+TEST_CASE("nccl: broadcast_nccl_unique_id gives every rank of a CPU group root's id", "[nccl]") {
+  auto groups = dist::ThreadProcessGroup::create(3);
+  ncclUniqueId ids[3];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] { ids[r] = dist::broadcast_nccl_unique_id(*groups[static_cast<size_t>(r)]); });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(std::memcmp(&ids[0], &ids[1], sizeof(ncclUniqueId)) == 0);
+  CHECK(std::memcmp(&ids[0], &ids[2], sizeof(ncclUniqueId)) == 0);
+  CHECK(std::count_if(std::begin(ids[0].internal), std::end(ids[0].internal), [](char c) { return c != 0; }) > 0);
+}
+
+TEST_CASE("nccl: bad rank, device list or device is an error before any NCCL call", "[nccl]") {
+  const ncclUniqueId id{};
+  CHECK_THROWS_AS(NcclProcessGroup(id, 2, 2, 0), ValueError);
+  CHECK_THROWS_AS(NcclProcessGroup(id, 0, 0, 0), ValueError);
+  CHECK_THROWS_AS(NcclProcessGroup(id, 0, 1, cuda::runtime_device_count()), DeviceError);
+  CHECK_THROWS_AS(NcclProcessGroup::create_all({}), ValueError);
+  CHECK_THROWS_AS(NcclProcessGroup::create_all({cuda::runtime_device_count()}), DeviceError);
+  CHECK(std::string(dist::reduce_op_name(dist::ReduceOp::Avg)) == "avg");
+  CHECK(dist::nccl_reduce_op(dist::ReduceOp::Avg) == ncclAvg);
+  CHECK(dist::nccl_reduce_op(dist::ReduceOp::Max) == ncclMax);
 }
 
 #else
