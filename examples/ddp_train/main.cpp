@@ -1,0 +1,211 @@
+// ddp_train: the digits CNN (examples/digits_cnn) trained with data parallelism
+// (dist::DataParallel): every rank holds a replica, trains on its share of each batch, and the
+// gradients are averaged during backward.
+//
+//   mpirun -np 4 ddp_train [--epochs 10] ...    built with ember::mpi: one process per rank (MPI)
+//   ddp_train --ranks 3 [--epochs 10] ...       otherwise: 3 ranks as threads of this process
+//
+// --batch-size is per rank (the global batch is ranks x batch-size). Each epoch's order is the
+// same permutation on every rank (seeded by the epoch); rank r reads positions r, r + R, r + 2R,
+// ... of it, cut to the same count on every rank (as DistributedSampler with drop_last), so every
+// rank runs the same number of steps. --zero 1 uses ZeRO-1 (dist::ZeroRedundancyOptimizer, the
+// Adam state sharded over the ranks) instead of DataParallel + Adam. CPU only (the MPI and thread
+// process groups move CPU tensors). Rank 0 prints one JSON line at the end. A rank that fails
+// makes the others raise DistributedError after --timeout-s seconds: they print it and exit 1.
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <thread>
+
+#include <ember/dist/data_parallel.hpp>
+#include <ember/dist/thread_group.hpp>
+#include <ember/dist/zero.hpp>
+#include <ember/ember.hpp>
+
+#if defined(EMBER_EXAMPLE_MPI) && __has_include(<mpi.h>)
+#include <ember/dist/mpi.hpp>
+#define DDP_TRAIN_HAVE_MPI 1
+#else
+#define DDP_TRAIN_HAVE_MPI 0
+#endif
+
+#include "../common/args.hpp"
+#include "../common/digits.hpp"
+#include "../common/openblas_env.hpp"
+#include "../common/progress.hpp"
+
+using namespace ember;
+
+namespace {
+
+std::shared_ptr<nn::Sequential> make_model() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->emplace<nn::Conv2d>(1, 32, 3, nn::Conv2dOptions{.padding = {1, 1}});
+  m->emplace<nn::ReLU>();
+  m->emplace<nn::MaxPool2d>(2);  // 8x8 -> 4x4
+  m->emplace<nn::Conv2d>(32, 64, 3, nn::Conv2dOptions{.padding = {1, 1}});
+  m->emplace<nn::ReLU>();
+  m->emplace<nn::MaxPool2d>(2);  // 4x4 -> 2x2
+  m->emplace<nn::Flatten>();
+  m->emplace<nn::Linear>(64 * 2 * 2, 10);
+  return m;
+}
+
+double accuracy(nn::Sequential& model, const Tensor<float>& x, const Tensor<int64_t>& y) {
+  NoGradGuard no_grad;
+  model.eval();
+  auto pred = argmax(model(x), {1});
+  model.train();
+  return static_cast<double>(sum(eq(pred, y).to<int64_t>()).item()) / static_cast<double>(y.numel());
+}
+
+struct Setup {
+  int64_t epochs, batch;
+  double lr;
+  uint64_t seed;
+  bool zero;
+  const examples::Digits* train;
+  const examples::Digits* test;
+};
+
+// One rank's training loop. Returns the JSON line on rank 0, "" elsewhere.
+std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> model, const Setup& s,
+                       const std::string& backend) {
+  const int rank = g.rank(), world = g.size();
+  const examples::Digits& train = *s.train;
+  auto x_train = Tensor<float>::from_vector(train.pixels, {train.n, 1, 8, 8});
+  auto y_train = Tensor<int64_t>::from_vector(train.labels, {train.n});
+
+  dist::DataParallel dp(model, g);  // checks the replicas agree and broadcasts rank 0's weights
+  std::unique_ptr<optim::Adam> adam;
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
+  if (s.zero) {
+    zero = std::make_unique<dist::ZeroRedundancyOptimizer>(model->parameters(), g, [&](std::vector<AnyTensor> ps) {
+      return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = s.lr});
+    });
+  } else {
+    adam = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = s.lr});
+  }
+
+  examples::Progress progress;
+  double last_loss = 0;
+  int64_t step = 0;
+  const int64_t per_rank = train.n / world;
+  for (int64_t epoch = 0; epoch < s.epochs; ++epoch) {
+    Generator perm_gen(s.seed * 1000003u + static_cast<uint64_t>(epoch));
+    auto keys = Tensor<float>::rand({train.n}, Device::cpu(), 0.0, 1.0, perm_gen).to_vector();
+    std::vector<int64_t> order(static_cast<size_t>(train.n));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+    std::vector<int64_t> mine;
+    for (int64_t k = 0; k < per_rank; ++k) mine.push_back(order[static_cast<size_t>(k * world + rank)]);
+    auto perm = Tensor<int64_t>::from_vector(mine);
+    double epoch_loss = 0;
+    int64_t batches = 0;
+    for (int64_t b0 = 0; b0 < per_rank; b0 += s.batch) {
+      auto idx = perm.slice(b0, std::min(per_rank, b0 + s.batch));
+      auto loss = nn::functional::cross_entropy(dp(index_select(x_train, 0, idx)), index_select(y_train, 0, idx));
+      if (s.zero) {
+        zero->zero_grad();
+        // ZeRO averages the gradients itself (reduce_scatter): skip DataParallel's all-reduce.
+        auto guard = dp.no_sync();
+        loss.backward();
+        zero->step();
+      } else {
+        adam->zero_grad();
+        loss.backward();  // the gradients are averaged over the ranks here
+        adam->step();
+      }
+      last_loss = loss.item();
+      epoch_loss += last_loss;
+      ++batches;
+      if (rank == 0) progress.step(epoch, s.epochs, ++step, last_loss, idx.numel() * world);
+    }
+    AnyTensor mean_loss = Tensor<double>::from_vector({epoch_loss / static_cast<double>(batches)});
+    g.all_reduce(mean_loss, dist::ReduceOp::Avg);
+    if (rank == 0)
+      progress.epoch(epoch, s.epochs, "loss " + examples::num(mean_loss.to_double_vector()[0], 4), 5);
+  }
+  if (rank != 0) return "";
+  progress.finish();
+  const double seconds = progress.seconds();
+  auto x_test = Tensor<float>::from_vector(s.test->pixels, {s.test->n, 1, 8, 8});
+  auto y_test = Tensor<int64_t>::from_vector(s.test->labels, {s.test->n});
+  const double acc = accuracy(*model, x_test, y_test);
+  return examples::json_line({{"example", examples::quoted("ddp_train")},
+                              {"backend", examples::quoted(backend)},
+                              {"ranks", std::to_string(world)},
+                              {"optimizer", examples::quoted(s.zero ? "zero1_adam" : "adam")},
+                              {"epochs", std::to_string(s.epochs)},
+                              {"final_train_loss", examples::num(last_loss)},
+                              {"test_accuracy", examples::num(acc, 4)},
+                              {"seconds", examples::num(seconds, 4)},
+                              {"samples_per_second", examples::num(progress.samples_per_second(), 6)}});
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::ensure_openblas_coretype(argv);
+  examples::Args args(argc, argv,
+                      {{"ranks", "2"}, {"epochs", "10"}, {"batch-size", "16"}, {"lr", "0.002"}, {"seed", "0"},
+                       {"zero", "0"}, {"timeout-s", "300"}});
+  examples::Digits all = examples::load_digits(), train, test;
+  const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+  examples::split_digits(all, 0.2, seed, train, test);
+  Setup s{args.integer("epochs"), args.integer("batch-size"), args.real("lr"), seed, args.integer("zero") != 0,
+          &train, &test};
+  dist::ProcessGroupOptions options;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.real("timeout-s") * 1000.0));
+
+#if DDP_TRAIN_HAVE_MPI
+  if (launched_by_mpi()) {
+    auto pg = dist::init_from_environment(options);
+    manual_seed(seed);
+    std::string line = train_rank(*pg, make_model(), s, "mpi");
+    if (!line.empty()) std::printf("%s\n", line.c_str());
+    return 0;
+  }
+#else
+  if (launched_by_mpi())
+    std::fprintf(stderr, "ddp_train: started by an MPI launcher, but built without MPI: running one process "
+                         "with --ranks threads (each MPI rank does the same)\n");
+#endif
+
+  const int ranks = static_cast<int>(args.integer("ranks"));
+  auto groups = dist::ThreadProcessGroup::create(ranks, options);
+  // The replicas are built here, one after the other (the default generator is shared); the
+  // DataParallel constructor then broadcasts rank 0's weights anyway.
+  std::vector<std::shared_ptr<nn::Sequential>> models;
+  manual_seed(seed);
+  for (int r = 0; r < ranks; ++r) models.push_back(make_model());
+  std::vector<std::string> lines(static_cast<size_t>(ranks)), errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        lines[r] = train_rank(*groups[r], models[r], s, "threads");
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  int failed = 0;
+  for (int r = 0; r < ranks; ++r)
+    if (!errors[r].empty()) {
+      std::fprintf(stderr, "ddp_train: rank %d: %s\n", r, errors[r].c_str());
+      ++failed;
+    }
+  if (failed) return 1;
+  std::printf("%s\n", lines[0].c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "ddp_train: %s\n", e.what());
+  return 1;
+}
