@@ -42,8 +42,12 @@
 //       NCCL may block inside a collective call until its peers join, so issuing device after
 //       device outside a group could deadlock; a collective of such a group of size > 1 issued
 //       outside an NcclGroup throws DistributedError. Work handles of collectives issued inside the
-//       scope are waitable after it ends (the "done" events are recorded at ncclGroupEnd). Blocking
-//       calls (all_reduce(), barrier()) wait and so cannot be used inside the scope.
+//       scope are waitable after it ends (the "done" events are recorded at ncclGroupEnd); wait()
+//       inside the scope throws. Blocking calls that wait on the host (barrier(), and wait() with
+//       blocking_wait) cannot be used inside the scope, so such a set of size > 1 has no barrier():
+//       issue the collectives in a scope, then NcclWork::synchronize() each of them.
+// One group is driven by one thread at a time (collectives must be issued in the same order on
+// every rank anyway).
 #if __has_include(<nccl.h>) && __has_include(<cuda_runtime.h>)
 
 #include <algorithm>
