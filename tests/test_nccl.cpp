@@ -209,9 +209,11 @@ TEST_CASE("nccl: a collective that cannot finish times out, aborts and throws", 
 
   auto w = pg->all_gather_async(out, in);  // waits for ember's stream: cannot finish before release
   CHECK_FALSE(w->is_completed());
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_AS(static_cast<dist::NcclWork&>(*w).synchronize(), DistributedError);
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  // The deadline (200 ms) passes long before the release (2 s). ncclCommAbort itself may wait
+  // until the stream is released, so the elapsed time is not checked; the message says why it threw.
+  CHECK_THROWS_WITH(static_cast<dist::NcclWork&>(*w).synchronize(),
+                    Catch::Matchers::Contains("did not finish within 200 ms") &&
+                        Catch::Matchers::Contains("aborted"));
   CHECK(pg->aborted());
   CHECK_THROWS_AS(pg->all_reduce(out), DistributedError);
   CHECK_THROWS_AS(pg->barrier(), DistributedError);
