@@ -5,7 +5,7 @@
 # its CPU backend only.
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev libopenblas-dev nlohmann-json3-dev
-          zlib1g-dev python3 python3-sklearn)
+          zlib1g-dev python3 python3-sklearn libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
