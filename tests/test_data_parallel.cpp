@@ -454,9 +454,11 @@ TEST_CASE("ZeroRedundancyOptimizer: Adam on shards equals data-parallel Adam, wi
       // Wide enough that the "step" scalars and the padding are small next to the moments.
       auto a = make_mlp(2, 64), b = make_mlp(2, 64);
       dist::DataParallel dp(a, g);
-      optim::Adam adam(a->parameters(), {.lr = 0.01});
+      // Weight decay (L2, coupled): without it Adam is blind to the scale of the gradients, and an
+      // all-reduce that summed instead of averaging would go unnoticed.
+      optim::Adam adam(a->parameters(), {.lr = 0.01, .weight_decay = 0.1});
       dist::ZeroRedundancyOptimizer zero(b->parameters(), g, [](std::vector<AnyTensor> ps) {
-        return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.01});
+        return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.01, .weight_decay = 0.1});
       });
       for (int it = 0; it < 5; ++it) {
         auto perm = permutation(data.n, it);
