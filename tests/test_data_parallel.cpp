@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "ember/data/distributed_sampler.hpp"
 #include "ember/dist/data_parallel.hpp"
 #include "ember/dist/thread_group.hpp"
 #include "ember/dist/zero.hpp"
@@ -226,15 +227,28 @@ TEST_CASE("DataParallel gradients equal single-process gradients of the whole ba
       param_err[r].push_back(max_rel(replica->parameters(), base->parameters(), false));
       optim::SGD base_opt(base->parameters(), {.lr = 0.1});
       optim::SGD opt(replica->parameters(), {.lr = 0.1});
+      // Every rank's sampler (the baseline needs the whole batch: the union of the ranks' slices).
+      const int64_t per_rank = global_batch / world;
+      std::vector<data::DistributedSampler> samplers;
+      for (int q = 0; q < world; ++q) samplers.emplace_back(data.n, world, q, data::DistributedSamplerOptions{.seed = 3});
       int it = 0;
-      for (int epoch = 0; it < iterations; ++epoch) {
-        auto perm = permutation(data.n, epoch);
-        for (int64_t s = 0; s + global_batch <= data.n && it < iterations; s += global_batch, ++it) {
-          std::vector<int64_t> batch(perm.begin() + s, perm.begin() + s + global_batch);
+      for (uint64_t epoch = 0; it < iterations; ++epoch) {
+        std::vector<std::vector<int64_t>> idx;
+        for (auto& smp : samplers) {
+          smp.set_epoch(epoch);  // reshuffles
+          idx.push_back(smp.indices());
+        }
+        for (int64_t s = 0; s + per_rank <= samplers[0].num_samples() && it < iterations; s += per_rank, ++it) {
+          std::vector<int64_t> batch, mine;
+          for (int q = 0; q < world; ++q)
+            for (int64_t k = s; k < s + per_rank; ++k) {
+              batch.push_back(idx[q][k]);
+              if (q == r) mine.push_back(idx[q][k]);
+            }
           auto [xb, yb] = rows(data, batch);
           base_opt.zero_grad();
           loss_of(*base, xb, yb).backward();
-          auto [xs, ys] = rows(data, slice_of(batch, r, g.size()));
+          auto [xs, ys] = rows(data, mine);
           opt.zero_grad();
           auto out = dp(xs);
           nn::functional::mse_loss(out, ys).backward();
@@ -570,4 +584,69 @@ TEST_CASE("DataParallel with bfloat16 parameters: identical gradients on every r
   }));
   CHECK(grads[0] == grads[1]);
   for (int r = 0; r < world; ++r) CHECK(err[r] <= 0.05);
+}
+
+namespace {
+// A ProcessGroup that forwards to another and records, at each all_reduce_async, how many of the
+// watched parameters already had a gradient and whether a backward pass was running.
+class RecordingGroup : public dist::ProcessGroup {
+ public:
+  RecordingGroup(dist::ProcessGroup& inner, std::vector<AnyTensor> watched) : inner_(inner), watched_(std::move(watched)) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend_name() const override { return "recording"; }
+  std::shared_ptr<dist::Work> all_reduce_async(AnyTensor& t, dist::ReduceOp op) override {
+    int with_grad = 0;
+    for (auto& p : watched_) with_grad += p.grad().defined() ? 1 : 0;
+    grads_at_launch.push_back(with_grad);
+    in_backward.push_back(autograd::detail::current_backward_callbacks() != nullptr);
+    return inner_.all_reduce_async(t, op);
+  }
+  std::shared_ptr<dist::Work> broadcast_async(AnyTensor& t, int root) override { return inner_.broadcast_async(t, root); }
+  std::shared_ptr<dist::Work> reduce_scatter_async(AnyTensor& o, const AnyTensor& i, dist::ReduceOp op) override {
+    return inner_.reduce_scatter_async(o, i, op);
+  }
+  std::shared_ptr<dist::Work> all_gather_async(AnyTensor& o, const AnyTensor& i) override {
+    return inner_.all_gather_async(o, i);
+  }
+  void barrier() override { inner_.barrier(); }
+  std::vector<int> grads_at_launch;
+  std::vector<bool> in_backward;
+
+ private:
+  dist::ProcessGroup& inner_;
+  std::vector<AnyTensor> watched_;
+};
+}  // namespace
+
+TEST_CASE("DataParallel buckets: reverse registration order, all-reduces start during backward", "[dist]") {
+  const int world = 2;
+  const Data data = make_data(8, 31);
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::vector<int>> launches(world);
+  std::vector<std::vector<bool>> during(world);
+  std::vector<std::vector<std::string>> first_bucket(world);
+  std::vector<size_t> nbuckets(world);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto m = make_mlp(9);
+    RecordingGroup rec(g, m->parameters());
+    dist::DataParallelOptions o;
+    o.first_bucket_bytes = 16;  // 2.bias (12 bytes) alone
+    o.bucket_cap_bytes = 100;
+    dist::DataParallel dp(m, rec, o);
+    nbuckets[r] = dp.bucket_count();
+    first_bucket[r] = dp.bucket_parameter_names(0);
+    auto [xs, ys] = rows(data, {int64_t(r), int64_t(r + 2)});
+    loss_of(dp.module(), xs, ys).backward();
+    launches[r] = rec.grads_at_launch;
+    during[r] = rec.in_backward;
+  }));
+  for (int r = 0; r < world; ++r) {
+    CHECK(first_bucket[r] == std::vector<std::string>{"2.bias"});
+    CHECK(nbuckets[r] == 4);  // 2.bias | 2.weight (96 B) | 0.bias (32 B) | 0.weight (128 B)
+    REQUIRE(launches[r].size() == nbuckets[r]);
+    // The first bucket went out while the first layer's gradients were still to come.
+    CHECK(launches[r][0] < 4);
+    for (bool b : during[r]) CHECK(b);
+  }
 }
