@@ -40,8 +40,14 @@ void reduce(ReduceOp op, const T* x, void* out_raw, int64_t outer, int64_t n, in
     if (inner == 1) {
       for (int64_t o = 0; o < outer; ++o) {
         const T* p = x + o * n;
-        double acc = 0;
-        for (int64_t j = 0; j < n; ++j) acc += static_cast<double>(static_cast<C>(p[j]));
+        // Eight independent partial sums: the adds of one pass do not wait on each other (and
+        // the compiler may use vector registers), while the result stays deterministic.
+        double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+          for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(static_cast<C>(p[j + k]));
+        double acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        for (; j < n; ++j) acc += static_cast<double>(static_cast<C>(p[j]));
         out[o] = from_calc<T>(static_cast<C>(acc * scale));
       }
     } else {
@@ -81,11 +87,20 @@ void softmax(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
     for (int64_t c = 0; c < cols; ++c) mx = static_cast<C>(xr[c]) > mx ? static_cast<C>(xr[c]) : mx;
     if (mx == -std::numeric_limits<C>::infinity()) mx = C(0);  // a row of -inf gives nan like PyTorch
     double sum = 0;
-    for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(math::exp_(static_cast<C>(xr[c]) - mx));
     if (log) {
+      for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(math::exp_(static_cast<C>(xr[c]) - mx));
       C lse = static_cast<C>(std::log(sum));
       for (int64_t c = 0; c < cols; ++c) yr[c] = from_calc<T>(static_cast<C>(xr[c]) - mx - lse);
-    } else {
+    } else if constexpr (std::is_same_v<T, C>) {
+      // One exp per element: keep exp(x - max) in the output, then scale it.
+      for (int64_t c = 0; c < cols; ++c) {
+        yr[c] = math::exp_(xr[c] - mx);
+        sum += static_cast<double>(yr[c]);
+      }
+      C inv = static_cast<C>(1.0 / sum);
+      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    } else {  // 16-bit outputs: keep the exponentials in fp32 until the final rounding
+      for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(math::exp_(static_cast<C>(xr[c]) - mx));
       C inv = static_cast<C>(1.0 / sum);
       for (int64_t c = 0; c < cols; ++c) yr[c] = from_calc<T>(math::exp_(static_cast<C>(xr[c]) - mx) * inv);
     }
