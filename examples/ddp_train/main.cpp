@@ -5,18 +5,19 @@
 //   mpirun -np 4 ddp_train [--epochs 10] ...    built with ember::mpi: one process per rank (MPI)
 //   ddp_train --ranks 3 [--epochs 10] ...       otherwise: 3 ranks as threads of this process
 //
-// --batch-size is per rank (the global batch is ranks x batch-size). Each epoch's order is the
-// same permutation on every rank (seeded by the epoch); rank r reads positions r, r + R, r + 2R,
-// ... of it, cut to the same count on every rank (as DistributedSampler with drop_last), so every
-// rank runs the same number of steps. --zero 1 uses ZeRO-1 (dist::ZeroRedundancyOptimizer, the
+// --batch-size is per rank (the global batch is ranks x batch-size). data::DistributedSampler
+// (drop_last) gives each rank its share of every epoch's shuffled order, the same count on every
+// rank, so every rank runs the same number of steps. --zero 1 uses ZeRO-1 (dist::ZeroRedundancyOptimizer, the
 // Adam state sharded over the ranks) instead of DataParallel + Adam. CPU only (the MPI and thread
 // process groups move CPU tensors). Rank 0 prints one JSON line at the end. A rank that fails
-// makes the others raise DistributedError after --timeout-s seconds: they print it and exit 1.
+// makes the others raise DistributedError after --timeout-s seconds: they print it and exit 1
+// (--fail-rank R makes rank R stop at its third step, to see this happen).
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <thread>
 
+#include <ember/data/distributed_sampler.hpp>
 #include <ember/dist/data_parallel.hpp>
 #include <ember/dist/thread_group.hpp>
 #include <ember/dist/zero.hpp>
@@ -64,6 +65,7 @@ struct Setup {
   double lr;
   uint64_t seed;
   bool zero;
+  int fail_rank;  // this rank stops (throws) at its third step: shows the failure path
   const examples::Digits* train;
   const examples::Digits* test;
 };
@@ -89,20 +91,21 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
 
   examples::Progress progress;
   double last_loss = 0;
-  int64_t step = 0;
-  const int64_t per_rank = train.n / world;
+  int64_t step = 0, step_count = 0;
+  // The same shuffled order on every rank, cut to a multiple of the ranks (drop_last: every rank
+  // runs the same number of steps); rank r reads positions r, r + R, ... of it.
+  data::DistributedSampler sampler(train.n, world, rank, {.seed = s.seed, .drop_last = true});
+  const int64_t per_rank = sampler.num_samples();
   for (int64_t epoch = 0; epoch < s.epochs; ++epoch) {
-    Generator perm_gen(s.seed * 1000003u + static_cast<uint64_t>(epoch));
-    auto keys = Tensor<float>::rand({train.n}, Device::cpu(), 0.0, 1.0, perm_gen).to_vector();
-    std::vector<int64_t> order(static_cast<size_t>(train.n));
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
-    std::vector<int64_t> mine;
-    for (int64_t k = 0; k < per_rank; ++k) mine.push_back(order[static_cast<size_t>(k * world + rank)]);
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    std::vector<int64_t> mine = sampler.indices();
     auto perm = Tensor<int64_t>::from_vector(mine);
     double epoch_loss = 0;
     int64_t batches = 0;
     for (int64_t b0 = 0; b0 < per_rank; b0 += s.batch) {
+      if (rank == s.fail_rank && step_count == 2)
+        throw std::runtime_error("--fail-rank: rank " + std::to_string(rank) + " stops here");
+      ++step_count;
       auto idx = perm.slice(b0, std::min(per_rank, b0 + s.batch));
       auto loss = nn::functional::cross_entropy(dp(index_select(x_train, 0, idx)), index_select(y_train, 0, idx));
       if (s.zero) {
@@ -155,12 +158,13 @@ int main(int argc, char** argv) try {
   examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
                       {{"ranks", "2"}, {"epochs", "10"}, {"batch-size", "16"}, {"lr", "0.002"}, {"seed", "0"},
-                       {"zero", "0"}, {"timeout-s", "300"}});
+                       {"zero", "0"}, {"timeout-s", "300"},
+                       {"fail-rank", "-1"}});
   examples::Digits all = examples::load_digits(), train, test;
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   examples::split_digits(all, 0.2, seed, train, test);
   Setup s{args.integer("epochs"), args.integer("batch-size"), args.real("lr"), seed, args.integer("zero") != 0,
-          &train, &test};
+          static_cast<int>(args.integer("fail-rank")), &train, &test};
   dist::ProcessGroupOptions options;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.real("timeout-s") * 1000.0));
 
