@@ -650,3 +650,28 @@ TEST_CASE("DataParallel buckets: reverse registration order, all-reduces start d
     for (bool b : during[r]) CHECK(b);
   }
 }
+
+TEST_CASE("DataParallel broadcasts rank 0's parameters and buffers at construction", "[dist]") {
+  const int world = 3;
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::vector<double>> mean(world), steps(world), weight(world), weight0(world);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto m = make_mlp(40 + static_cast<uint64_t>(r));
+    auto bn = m->push_back(std::make_shared<nn::BatchNorm1d>(3));
+    {
+      NoGradGuard no_grad;
+      bn->running_mean.backend().fill(DType::Float32, bn->running_mean.data_ptr(), 3, double(r + 1));
+      bn->num_batches_tracked.backend().fill(DType::Int64, bn->num_batches_tracked.data_ptr(), 1, double(10 * r + 5));
+    }
+    weight0[r] = make_mlp(40)->parameters()[0].to_double_vector();  // rank 0's initial weights
+    dist::DataParallel dp(m, g);
+    mean[r] = bn->running_mean.to_double_vector();
+    steps[r] = bn->num_batches_tracked.to_double_vector();
+    weight[r] = m->parameters()[0].to_double_vector();
+  }));
+  for (int r = 0; r < world; ++r) {
+    CHECK(mean[r] == std::vector<double>{1.0, 1.0, 1.0});
+    CHECK(steps[r] == std::vector<double>{5.0});
+    CHECK(weight[r] == weight0[r]);
+  }
+}
