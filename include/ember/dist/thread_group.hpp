@@ -13,6 +13,10 @@
 // participating is an error on the others, not a hang. A mismatch between ranks (another kind of
 // collective, another element count or dtype, another root) is a DistributedError on every rank.
 //
+// Each rank's group is used by one thread at a time (its rank's), as a process's MPI group would
+// be by that process; collectives are matched by their order on each rank. In-place all_gather
+// (the input a chunk of the output) is allowed.
+//
 // Reductions accumulate in double (floating types) or int64 (integer types) in rank order, so
 // every rank gets bit-identical results; Avg divides the sum by the world size (integer Avg
 // truncates toward zero). Meant for tests of data-parallel code and for in-process data
@@ -109,7 +113,7 @@ inline void execute(Op& op) {
       for (int r = 0; r < world; ++r)
         for (int s = 0; s < world; ++s)
           if (chunk > 0)
-            std::memcpy(static_cast<char*>(op.out[r].data_ptr()) + chunk * static_cast<size_t>(s),
+            std::memmove(static_cast<char*>(op.out[r].data_ptr()) + chunk * static_cast<size_t>(s),
                         op.in[static_cast<size_t>(s)].data_ptr(), chunk);
       return;
     }
