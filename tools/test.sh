@@ -7,6 +7,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# On a fresh machine this is all the set-up there is: install what is missing (idempotent, and
+# instant when everything is there), and find a CUDA toolkit installed in the usual place.
+bash tools/install-deps.sh
+if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+
 build=${EMBER_BUILD_DIR:-build}
 jobs=${EMBER_JOBS:-2}
 extra=()
