@@ -234,6 +234,11 @@ class DataParallel {
           if (auto s = weak.lock()) s->on_backward_end(list);
         });
       }
+      // Poll the all-reduces in flight: MPI implementations without an asynchronous progress
+      // thread (Open MPI's default) only advance a non-blocking collective inside MPI calls, so
+      // without this a bucket's reduction would mostly happen at the wait after backward.
+      for (Bucket& other : buckets)
+        if (other.launched && other.work) other.work->is_completed();
       Bucket& b = buckets[bucket_of[i]];
       if (ready[i]) {
         if (b.launched) b.dirty = true;
