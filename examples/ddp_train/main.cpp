@@ -32,33 +32,13 @@
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"
+#include "../common/digits_cnn_model.hpp"
 #include "../common/openblas_env.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
 
 namespace {
-
-std::shared_ptr<nn::Sequential> make_model() {
-  auto m = std::make_shared<nn::Sequential>();
-  m->emplace<nn::Conv2d>(1, 32, 3, nn::Conv2dOptions{.padding = {1, 1}});
-  m->emplace<nn::ReLU>();
-  m->emplace<nn::MaxPool2d>(2);  // 8x8 -> 4x4
-  m->emplace<nn::Conv2d>(32, 64, 3, nn::Conv2dOptions{.padding = {1, 1}});
-  m->emplace<nn::ReLU>();
-  m->emplace<nn::MaxPool2d>(2);  // 4x4 -> 2x2
-  m->emplace<nn::Flatten>();
-  m->emplace<nn::Linear>(64 * 2 * 2, 10);
-  return m;
-}
-
-double accuracy(nn::Sequential& model, const Tensor<float>& x, const Tensor<int64_t>& y) {
-  NoGradGuard no_grad;
-  model.eval();
-  auto pred = argmax(model(x), {1});
-  model.train();
-  return static_cast<double>(sum(eq(pred, y).to<int64_t>()).item()) / static_cast<double>(y.numel());
-}
 
 struct Setup {
   int64_t epochs, batch;
@@ -134,7 +114,7 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
   const double seconds = progress.seconds();
   auto x_test = Tensor<float>::from_vector(s.test->pixels, {s.test->n, 1, 8, 8});
   auto y_test = Tensor<int64_t>::from_vector(s.test->labels, {s.test->n});
-  const double acc = accuracy(*model, x_test, y_test);
+  const double acc = examples::accuracy(*model, x_test, y_test);
   return examples::json_line({{"example", examples::quoted("ddp_train")},
                               {"backend", examples::quoted(backend)},
                               {"ranks", std::to_string(world)},
@@ -172,7 +152,7 @@ int main(int argc, char** argv) try {
   if (launched_by_mpi()) {
     auto pg = dist::init_from_environment(options);
     manual_seed(seed);
-    std::string line = train_rank(*pg, make_model(), s, "mpi");
+    std::string line = train_rank(*pg, examples::make_digits_cnn(), s, "mpi");
     if (!line.empty()) std::printf("%s\n", line.c_str());
     return 0;
   }
@@ -188,7 +168,7 @@ int main(int argc, char** argv) try {
   // DataParallel constructor then broadcasts rank 0's weights anyway.
   std::vector<std::shared_ptr<nn::Sequential>> models;
   manual_seed(seed);
-  for (int r = 0; r < ranks; ++r) models.push_back(make_model());
+  for (int r = 0; r < ranks; ++r) models.push_back(examples::make_digits_cnn());
   std::vector<std::string> lines(static_cast<size_t>(ranks)), errors(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)

@@ -14,34 +14,10 @@
 #include "../common/args.hpp"
 #include "../common/openblas_env.hpp"
 #include "../common/digits.hpp"
+#include "../common/digits_cnn_model.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
-
-namespace {
-
-std::shared_ptr<nn::Sequential> make_model() {
-  auto m = std::make_shared<nn::Sequential>();
-  m->emplace<nn::Conv2d>(1, 32, 3, nn::Conv2dOptions{.padding = {1, 1}});
-  m->emplace<nn::ReLU>();
-  m->emplace<nn::MaxPool2d>(2);  // 8x8 -> 4x4
-  m->emplace<nn::Conv2d>(32, 64, 3, nn::Conv2dOptions{.padding = {1, 1}});
-  m->emplace<nn::ReLU>();
-  m->emplace<nn::MaxPool2d>(2);  // 4x4 -> 2x2
-  m->emplace<nn::Flatten>();
-  m->emplace<nn::Linear>(64 * 2 * 2, 10);
-  return m;
-}
-
-double accuracy(nn::Sequential& model, const Tensor<float>& x, const Tensor<int64_t>& y) {
-  NoGradGuard no_grad;
-  model.eval();
-  auto pred = argmax(model(x), {1});
-  model.train();
-  return static_cast<double>(sum(eq(pred, y).to<int64_t>()).item()) / static_cast<double>(y.numel());
-}
-
-}  // namespace
 
 int main(int argc, char** argv) try {
   examples::ensure_openblas_coretype(argv);
@@ -59,7 +35,7 @@ int main(int argc, char** argv) try {
   auto y_test = Tensor<int64_t>::from_vector(test.labels, {test.n}, dev);
 
   manual_seed(seed);
-  auto model = make_model();
+  auto model = examples::make_digits_cnn();
   model->to(dev);
   optim::Adam opt(model->parameters(), {.lr = args.real("lr")});
   const int64_t steps_per_epoch = (train.n + batch - 1) / batch;
@@ -69,11 +45,10 @@ int main(int argc, char** argv) try {
   double last_loss = 0;
   int64_t step = 0;
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-    Generator perm_gen(seed * 1000003u + static_cast<uint64_t>(epoch));
-    auto keys = Tensor<float>::rand({train.n}, Device::cpu(), 0.0, 1.0, perm_gen).to_vector();
-    std::vector<int64_t> order(static_cast<size_t>(train.n));
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+    // A fresh permutation of the training set each epoch, from (seed, epoch).
+    data::DistributedSampler sampler(train.n, 1, 0, {.seed = seed});
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    std::vector<int64_t> order = sampler.indices();
     auto perm = Tensor<int64_t>::from_vector(order, dev);
     double epoch_loss = 0;
     int64_t batches = 0;
@@ -93,7 +68,7 @@ int main(int argc, char** argv) try {
   }
   progress.finish();
   const double seconds = progress.seconds();
-  const double acc = accuracy(*model, x_test, y_test);
+  const double acc = examples::accuracy(*model, x_test, y_test);
   std::printf("%s\n", examples::json_line({{"example", examples::quoted("digits_cnn")},
                                            {"device", examples::quoted(dev.str())},
                                            {"epochs", std::to_string(epochs)},

@@ -72,11 +72,10 @@ int main(int argc, char** argv) try {
   int64_t step = 0, seen = 0;
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     // A fresh permutation each epoch, from (seed, epoch).
-    Generator perm_gen(seed * 1000003u + static_cast<uint64_t>(epoch));
-    auto keys = Tensor<float>::rand({train.n}, Device::cpu(), 0.0, 1.0, perm_gen).to_vector();
-    std::vector<int64_t> order(static_cast<size_t>(train.n));
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+    // A fresh permutation of the training set each epoch, from (seed, epoch).
+    data::DistributedSampler sampler(train.n, 1, 0, {.seed = seed});
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    std::vector<int64_t> order = sampler.indices();
     auto perm = Tensor<int64_t>::from_vector(order, dev);
     double epoch_loss = 0;
     int64_t batches = 0;
