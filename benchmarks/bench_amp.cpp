@@ -8,7 +8,7 @@
 
 #include <ember/ember.hpp>
 
-#include "../examples/common/openblas_env.hpp"
+#include "bench_main.hpp"
 
 using namespace ember;
 
@@ -77,13 +77,4 @@ void register_all(Device dev, const std::string& suffix) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  examples::ensure_openblas_coretype(argv);
-  register_all(Device::cpu(), "_cpu");
-  if (cuda::is_available()) register_all(Device::cuda(0), "_cuda");
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return bench::run(argc, argv, register_all); }
