@@ -6,6 +6,7 @@
 
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
+#include "ember/backend/pool_math.hpp"
 
 namespace ember::cpu {
 
@@ -173,19 +174,6 @@ void conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw)
   }
 }
 
-// Pooling windows: [start, end) along one axis for output index o.
-inline void pool_window(const Pool2dArgs& p, bool rows, int64_t o, int64_t& start, int64_t& end) {
-  const int64_t in = rows ? p.h : p.w, out = rows ? p.out_h : p.out_w;
-  if (p.adaptive) {  // torch's adaptive pooling: floor(o*in/out) to ceil((o+1)*in/out)
-    start = (o * in) / out;
-    end = ((o + 1) * in + out - 1) / out;
-    return;
-  }
-  const int64_t k = rows ? p.kh : p.kw, s = rows ? p.stride_h : p.stride_w, pad = rows ? p.pad_h : p.pad_w;
-  start = o * s - pad;
-  end = start + k;
-}
-
 template <class T>
 void max_pool2d_forward(const Pool2dArgs& p, const T* x, T* y, int64_t* indices) {
   using C = calc_t<T>;
@@ -194,8 +182,8 @@ void max_pool2d_forward(const Pool2dArgs& p, const T* x, T* y, int64_t* indices)
     for (int64_t oy = 0; oy < p.out_h; ++oy)
       for (int64_t ox = 0; ox < p.out_w; ++ox) {
         int64_t y0, y1, x0, x1;
-        pool_window(p, true, oy, y0, y1);
-        pool_window(p, false, ox, x0, x1);
+        pool_math::window(p, true, oy, y0, y1);
+        pool_math::window(p, false, ox, x0, x1);
         C best = -std::numeric_limits<C>::infinity();
         int64_t arg = -1;
         for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
@@ -228,17 +216,6 @@ void max_pool2d_backward(const Pool2dArgs& p, const T* gy, const int64_t* indice
     }
 }
 
-// The divisor of one average-pooling window (torch: padding counts unless count_include_pad is
-// false; the window is clipped to the padded input either way; adaptive windows count their size).
-inline int64_t avg_divisor(const Pool2dArgs& p, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
-  if (p.adaptive) return (y1 - y0) * (x1 - x0);
-  if (p.count_include_pad) {
-    const int64_t py1 = std::min(y1, p.h + p.pad_h), px1 = std::min(x1, p.w + p.pad_w);
-    return (py1 - y0) * (px1 - x0);
-  }
-  return (std::min(y1, p.h) - std::max<int64_t>(y0, 0)) * (std::min(x1, p.w) - std::max<int64_t>(x0, 0));
-}
-
 template <class T>
 void avg_pool2d_forward(const Pool2dArgs& p, const T* x, T* y) {
   using C = calc_t<T>;
@@ -247,14 +224,14 @@ void avg_pool2d_forward(const Pool2dArgs& p, const T* x, T* y) {
     for (int64_t oy = 0; oy < p.out_h; ++oy)
       for (int64_t ox = 0; ox < p.out_w; ++ox) {
         int64_t y0, y1, x0, x1;
-        pool_window(p, true, oy, y0, y1);
-        pool_window(p, false, ox, x0, x1);
+        pool_math::window(p, true, oy, y0, y1);
+        pool_math::window(p, false, ox, x0, x1);
         double s = 0;
         for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
           for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix)
             s += static_cast<double>(static_cast<C>(xp[iy * p.w + ix]));
         y[nc * p.out_h * p.out_w + oy * p.out_w + ox] =
-            from_calc<T>(static_cast<C>(s / static_cast<double>(avg_divisor(p, y0, y1, x0, x1))));
+            from_calc<T>(static_cast<C>(s / static_cast<double>(pool_math::avg_divisor(p, y0, y1, x0, x1))));
       }
   }
 }
@@ -268,10 +245,10 @@ void avg_pool2d_backward(const Pool2dArgs& p, const T* gy, T* gx) {
     for (int64_t oy = 0; oy < p.out_h; ++oy)
       for (int64_t ox = 0; ox < p.out_w; ++ox) {
         int64_t y0, y1, x0, x1;
-        pool_window(p, true, oy, y0, y1);
-        pool_window(p, false, ox, x0, x1);
+        pool_math::window(p, true, oy, y0, y1);
+        pool_math::window(p, false, ox, x0, x1);
         const C g = static_cast<C>(gy[nc * p.out_h * p.out_w + oy * p.out_w + ox]) /
-                    static_cast<C>(avg_divisor(p, y0, y1, x0, x1));
+                    static_cast<C>(pool_math::avg_divisor(p, y0, y1, x0, x1));
         for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
           for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix) {
             T& d = gp[iy * p.w + ix];

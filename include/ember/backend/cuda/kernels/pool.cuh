@@ -1,24 +1,13 @@
 #pragma once
-// CUDA pooling kernels, NCHW, the same windows and rules as backend/cpu/conv.hpp. Backward passes
-// gather over the windows that contain each input element (no atomics, deterministic).
+// CUDA pooling kernels, NCHW, with the window rules of backend/pool_math.hpp (shared with the
+// CPU kernels). Backward passes gather over the windows that contain each input element (no
+// atomics, deterministic).
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/pool_math.hpp"
 
 namespace ember::cuda_impl {
 namespace {
-
-__device__ __forceinline__ void pool_window_dev(const Pool2dArgs& p, bool rows, int64_t o, int64_t& start,
-                                                int64_t& end) {
-  const int64_t in = rows ? p.h : p.w, out = rows ? p.out_h : p.out_w;
-  if (p.adaptive) {
-    start = (o * in) / out;
-    end = ((o + 1) * in + out - 1) / out;
-    return;
-  }
-  const int64_t k = rows ? p.kh : p.kw, s = rows ? p.stride_h : p.stride_w, pad = rows ? p.pad_h : p.pad_w;
-  start = o * s - pad;
-  end = start + k;
-}
 
 // Output indices along one axis whose window may contain input index i: [lo, hi].
 __device__ __forceinline__ void covering_outputs(const Pool2dArgs& p, bool rows, int64_t i, int64_t& lo, int64_t& hi) {
@@ -36,15 +25,6 @@ __device__ __forceinline__ void covering_outputs(const Pool2dArgs& p, bool rows,
   if (hi > out - 1) hi = out - 1;
 }
 
-__device__ __forceinline__ int64_t avg_divisor_dev(const Pool2dArgs& p, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
-  if (p.adaptive) return (y1 - y0) * (x1 - x0);
-  if (p.count_include_pad) {
-    const int64_t py1 = min(y1, p.h + p.pad_h), px1 = min(x1, p.w + p.pad_w);
-    return (py1 - y0) * (px1 - x0);
-  }
-  return (min(y1, p.h) - max(y0, int64_t{0})) * (min(x1, p.w) - max(x0, int64_t{0}));
-}
-
 template <class T>
 __global__ void max_pool2d_forward_kernel(Pool2dArgs p, const T* x, T* y, int64_t* indices) {
   using C = calc_t<T>;
@@ -52,8 +32,8 @@ __global__ void max_pool2d_forward_kernel(Pool2dArgs p, const T* x, T* y, int64_
   EMBER_GRID_STRIDE_LOOP(o, total) {
     const int64_t ox = o % p.out_w, oy = (o / p.out_w) % p.out_h, nc = o / (p.out_w * p.out_h);
     int64_t y0, y1, x0, x1;
-    pool_window_dev(p, true, oy, y0, y1);
-    pool_window_dev(p, false, ox, x0, x1);
+    pool_math::window(p, true, oy, y0, y1);
+    pool_math::window(p, false, ox, x0, x1);
     const T* xp = x + nc * p.h * p.w;
     C best = C(0);
     int64_t arg = -1;
@@ -98,13 +78,13 @@ __global__ void avg_pool2d_forward_kernel(Pool2dArgs p, const T* x, T* y) {
   EMBER_GRID_STRIDE_LOOP(o, total) {
     const int64_t ox = o % p.out_w, oy = (o / p.out_w) % p.out_h, nc = o / (p.out_w * p.out_h);
     int64_t y0, y1, x0, x1;
-    pool_window_dev(p, true, oy, y0, y1);
-    pool_window_dev(p, false, ox, x0, x1);
+    pool_math::window(p, true, oy, y0, y1);
+    pool_math::window(p, false, ox, x0, x1);
     const T* xp = x + nc * p.h * p.w;
     Acc s = 0;
     for (int64_t iy = max(y0, int64_t{0}); iy < min(y1, p.h); ++iy)
       for (int64_t ix = max(x0, int64_t{0}); ix < min(x1, p.w); ++ix) s += static_cast<Acc>(to_calc(xp[iy * p.w + ix]));
-    y[o] = from_calc<T>(static_cast<C>(s / static_cast<Acc>(avg_divisor_dev(p, y0, y1, x0, x1))));
+    y[o] = from_calc<T>(static_cast<C>(s / static_cast<Acc>(pool_math::avg_divisor(p, y0, y1, x0, x1))));
   }
 }
 
@@ -120,13 +100,13 @@ __global__ void avg_pool2d_backward_kernel(Pool2dArgs p, const T* gy, T* gx) {
     C acc = C(0);
     for (int64_t oy = oy0; oy <= oy1; ++oy) {
       int64_t y0, y1;
-      pool_window_dev(p, true, oy, y0, y1);
+      pool_math::window(p, true, oy, y0, y1);
       if (iy < y0 || iy >= y1) continue;
       for (int64_t ox = ox0; ox <= ox1; ++ox) {
         int64_t x0, x1;
-        pool_window_dev(p, false, ox, x0, x1);
+        pool_math::window(p, false, ox, x0, x1);
         if (ix < x0 || ix >= x1) continue;
-        acc += to_calc(gy[(nc * p.out_h + oy) * p.out_w + ox]) / static_cast<C>(avg_divisor_dev(p, y0, y1, x0, x1));
+        acc += to_calc(gy[(nc * p.out_h + oy) * p.out_w + ox]) / static_cast<C>(pool_math::avg_divisor(p, y0, y1, x0, x1));
       }
     }
     gx[i] = from_calc<T>(acc);
