@@ -306,5 +306,35 @@ PY
   fi
 done
 
+# ---------------------------------------------------------------- 4b. all-reduce bandwidth, NCCL
+# bench_allreduce_nccl (one rank on cuda:0, then --single-process over every visible GPU) and its
+# PyTorch twin (torchrun, one process per GPU), up to 256 MiB; the tables go to allreduce.*.log.
+# Detail: algbw and busbw of the largest size (busbw is 0 for one rank).
+section "all-reduce bandwidth (NCCL)"
+allreduce_max=${EMBER_ALLREDUCE_MAX_BYTES:-256M}
+allreduce_run() { # allreduce_run STEP LOG COMMAND...
+  local step=$1 log=$2 t0=$SECONDS rc
+  shift 2
+  echo "-- $*"
+  timeout "$bench_timeout" "$@" >"$out/$log" 2>&1
+  rc=$?
+  cat "$out/$log"
+  if ((rc == 0)) && grep -qE '^ +[0-9]+ .* ok$' "$out/$log" && ! grep -q WRONG "$out/$log"; then
+    record "$step" ok $((SECONDS - t0)) "$(awk '/^ +[0-9]/ {s=$1; a=$5; b=$6} END {printf "%g MiB: algbw %s GB/s, busbw %s GB/s", s/1048576, a, b}' "$out/$log")"
+  else
+    record "$step" FAILED $((SECONDS - t0)) "exit $rc$(grep -q WRONG "$out/$log" && echo ', WRONG values'); see $log"
+  fi
+}
+ar_exe=$build/benchmarks/bench_allreduce_nccl
+if [[ -x $ar_exe ]]; then
+  allreduce_run "allreduce nccl 1 rank" allreduce.ember.log "$ar_exe" --backend nccl --max-bytes "$allreduce_max"
+  allreduce_run "allreduce nccl single" allreduce.ember-single.log "$ar_exe" --single-process --max-bytes "$allreduce_max"
+else
+  record "allreduce nccl" FAILED 0 "$ar_exe not built"
+fi
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+allreduce_run "allreduce torch" allreduce.torch.log "$python" -m torch.distributed.run --standalone \
+  --nproc_per_node="$((ngpu > 0 ? ngpu : 1))" benchmarks/bench_allreduce_torch.py --max-bytes "$allreduce_max"
+
 print_table | tee "$out/summary.txt"
 ((failures == 0))
