@@ -252,10 +252,22 @@ shopt -u nullglob
 if ((${#twins[@]} == 0)); then
   record "benchmarks" absent 0 "no benchmarks/*.py twin yet"
 fi
+# bench_torch.py twins two programs (bench_core, bench_layers): its one JSON is compared with each.
+# bench_allreduce_torch.py is not a Google Benchmark twin (section 4b runs it).
 for py in "${twins[@]}"; do
-  name=$(basename "$py" .py)
-  exe=$build/benchmarks/$name
+  pyname=$(basename "$py" .py)
+  case $pyname in
+    bench_torch) programs=(bench_core bench_layers) ;;
+    bench_allreduce_torch) continue ;;
+    *) programs=("$pyname") ;;
+  esac
+  torch_json=$out/$pyname.torch.json
+  echo "-- $python $py --out $torch_json"
   t0=$SECONDS
+  timeout "$bench_timeout" "$python" "$py" --out "$torch_json" >"$out/$pyname.torch.log" 2>&1
+  rc_t=$?
+  for name in "${programs[@]}"; do
+  exe=$build/benchmarks/$name
   if [[ ! -x $exe ]]; then
     record "bench $name" FAILED 0 "$exe not built"
     continue
@@ -264,21 +276,20 @@ for py in "${twins[@]}"; do
   timeout "$bench_timeout" "$exe" --benchmark_out="$out/$name.ember.json" --benchmark_out_format=json \
     --benchmark_repetitions=5 --benchmark_report_aggregates_only=true >"$out/$name.ember.log" 2>&1
   rc_e=$?
-  echo "-- $python $py --out $out/$name.torch.json"
-  timeout "$bench_timeout" "$python" "$py" --out "$out/$name.torch.json" >"$out/$name.torch.log" 2>&1
-  rc_t=$?
   if ((rc_e != 0 || rc_t != 0)); then
-    record "bench $name" FAILED $((SECONDS - t0)) "exit ember $rc_e, torch $rc_t (see $name.*.log)"
+    record "bench $name" FAILED $((SECONDS - t0)) "exit ember $rc_e, torch $rc_t (see $name.ember.log, $pyname.torch.log)"
     continue
   fi
-  ratio=$("$python" - "$out/$name.ember.json" "$out/$name.torch.json" "$out/$name.ratios.txt" <<'PY'
+  ratio=$("$python" - "$out/$name.ember.json" "$torch_json" "$out/$name.ratios.txt" <<'PY'
 import json, math, sys
 scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 def times(path):
-    rows = json.load(open(path)).get("benchmarks", [])
+    data = json.load(open(path))
+    if "benchmarks" not in data:  # bench_torch.py writes {name: milliseconds}
+        return {k: float(v) * 1e-3 for k, v in data.items()}
     t = {}
-    for r in rows:  # medians when there are repetitions, else the plain runs
-        name = r.get("run_name", r["name"])
+    for r in data["benchmarks"]:  # medians when there are repetitions, else the plain runs
+        name = r.get("run_name", r["name"]).replace("/real_time", "")
         sec = float(r["real_time"]) * scale.get(r.get("time_unit", "ns"), 1e-9)
         if r.get("run_type") == "aggregate":
             if r.get("aggregate_name") == "median":
@@ -304,6 +315,8 @@ PY
   else
     record "bench $name" FAILED $((SECONDS - t0)) "${ratio:-ratio not computed}"
   fi
+  t0=$SECONDS
+  done
 done
 
 # ---------------------------------------------------------------- 4b. all-reduce bandwidth, NCCL
