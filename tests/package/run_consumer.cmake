@@ -3,7 +3,10 @@
 #   -DSOURCE_DIR=<consumer project> -DBINARY_DIR=<fresh build folder> -DGENERATOR=<generator>
 #   -DARGS=<extra configure arguments, separated by |>
 #   -DRUN=<executable to run, relative to BINARY_DIR; empty: build only>
+#   -DLAUNCHER=<command that starts RUN, e.g. mpiexec and its arguments, separated by |; empty: none>
 #   -DEXPECT=<regular expression the program's output must match>
+#   -DEXPECT_CONFIGURE_FAILURE=<regular expression>  the consumer's configure must fail, and its
+#                  output match this; nothing is built
 #   -DNO_NVCC=ON   hide the CUDA compiler (PATH without nvcc, CUDACXX/CUDA_PATH/... unset), as on a
 #                  machine without the CUDA toolkit
 #   -DINSTALL_FROM=<ember source> -DPREFIX=<folder>  instead of a consumer: configure ember itself,
@@ -64,6 +67,22 @@ if(INSTALL_FROM)
   return()
 endif()
 
+if(EXPECT_CONFIGURE_FAILURE)
+  execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${BINARY_DIR}" -G "${GENERATOR}" ${_args}
+                  RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  message("${_out}")
+  if(_rc EQUAL 0)
+    message(FATAL_ERROR "configuring the consumer succeeded; it should have failed")
+  endif()
+  # CMake wraps long messages: compare with the line breaks and indentation folded into spaces.
+  string(REGEX REPLACE "[ \t]*\n[ \t]*" " " _folded "${_out}")
+  if(NOT _folded MATCHES "${EXPECT_CONFIGURE_FAILURE}")
+    message(FATAL_ERROR "configuring the consumer failed, but its output does not match '${EXPECT_CONFIGURE_FAILURE}'")
+  endif()
+  message("consumer configure failed as expected")
+  return()
+endif()
+
 run_step("configure consumer" "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${BINARY_DIR}" -G "${GENERATOR}" ${_args})
 message("${STEP_OUTPUT}")
 run_step("build consumer" "${CMAKE_COMMAND}" --build "${BINARY_DIR}")
@@ -71,7 +90,8 @@ if(NOT RUN)
   message("consumer built (not run)")
   return()
 endif()
-execute_process(COMMAND "${BINARY_DIR}/${RUN}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+string(REPLACE "|" ";" _launcher "${LAUNCHER}")
+execute_process(COMMAND ${_launcher} "${BINARY_DIR}/${RUN}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
 message("${_out}")
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "${RUN} exited with ${_rc}")
