@@ -675,3 +675,106 @@ TEST_CASE("DataParallel broadcasts rank 0's parameters and buffers at constructi
     CHECK(weight[r] == weight0[r]);
   }
 }
+
+TEST_CASE("DataParallel gradient_as_bucket_view: the same gradients and steps as copies, .grad aliases the bucket",
+          "[dist]") {
+  // Steps with zero_grad() (gradients dropped: views installed by dp's forward), steps with
+  // zero_grad(false) (views zeroed in place) and no_sync accumulation; compared with a replica
+  // wrapped without views, on every iteration.
+  const int world = 2;
+  const Data data = make_data(32, 8);
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::vector<double>> err(world), perr(world);
+  std::vector<int> aliased(world, 0);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto plain = make_mlp(9);
+    auto viewed = make_mlp(9);
+    dist::DataParallel dp_plain(plain, g);
+    dist::DataParallel dp_view(viewed, g, {.gradient_as_bucket_view = true});
+    optim::SGD opt_plain(plain->parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD opt_view(viewed->parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int it = 0; it < 6; ++it) {
+      auto perm = permutation(data.n, it);
+      const bool set_to_none = it % 2 == 0;
+      opt_plain.zero_grad(set_to_none);
+      opt_view.zero_grad(set_to_none);
+      for (int micro = 0; micro < 2; ++micro) {  // the first micro-batch under no_sync on odd steps
+        std::vector<int64_t> batch(perm.begin() + micro * 8, perm.begin() + micro * 8 + 8);
+        auto [xs, ys] = rows(data, slice_of(batch, r, world));
+        if (micro == 0 && it % 2 == 1) {
+          auto a = dp_plain.no_sync();
+          auto b = dp_view.no_sync();
+          nn::functional::mse_loss(dp_plain(xs), ys).backward();
+          nn::functional::mse_loss(dp_view(xs), ys).backward();
+        } else if (micro == 1 || it % 2 == 1) {
+          nn::functional::mse_loss(dp_plain(xs), ys).backward();
+          nn::functional::mse_loss(dp_view(xs), ys).backward();
+        }
+      }
+      err[r].push_back(max_rel(viewed->parameters(), plain->parameters(), true));
+      // Every .grad of the viewed replica lies in its bucket (the buffer the all_reduce used).
+      int in_bucket = 0;
+      auto params = viewed->parameters();
+      for (auto& p : params) {
+        const char* gp = static_cast<const char*>(p.grad().data_ptr());
+        bool found = false;
+        for (size_t b = 0; b < dp_view.bucket_count(); ++b) {
+          const AnyTensor& flat = dp_view.bucket_buffer(b);
+          const char* lo = static_cast<const char*>(flat.data_ptr());
+          found = found || (gp >= lo && gp < lo + flat.nbytes());
+        }
+        in_bucket += found ? 1 : 0;
+      }
+      aliased[r] = in_bucket == static_cast<int>(params.size()) ? aliased[r] + 1 : aliased[r];
+      opt_plain.step();
+      opt_view.step();
+      perr[r].push_back(max_rel(viewed->parameters(), plain->parameters(), false));
+    }
+  }));
+  for (int r = 0; r < world; ++r) {
+    REQUIRE(err[r].size() == 6);
+    for (double e : err[r]) CHECK(e <= 1e-6);
+    for (double e : perr[r]) CHECK(e <= 1e-6);
+    CHECK(aliased[r] == 6);
+  }
+}
+
+TEST_CASE("DataParallel gradient_as_bucket_view: a gradient arriving twice in one backward is a clear error", "[dist]") {
+  // l1 is used inside a checkpointed segment and outside it: its gradient arrives in the nested
+  // backward and again in the outer one, after its bucket's all_reduce started.
+  struct Net : nn::Module {
+    std::shared_ptr<nn::Linear> l1;
+    Net() { l1 = register_module("l1", std::make_shared<nn::Linear>(4, 4)); }
+    AnyTensor forward_any(const AnyTensor& x) override {
+      auto a = l1;
+      AnyTensor h = nn::checkpoint([a](const AnyTensor& v) { return op::tanh(a->forward_any(v)); }, x);
+      return a->forward_any(h);
+    }
+  };
+  const int world = 2;
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::string> messages(world);
+  std::vector<int> plain_ok(world, 0);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    auto x = FloatTensor::full({2, 4}, 0.5 + r);
+    {
+      auto net = std::make_shared<Net>();
+      dist::DataParallel dp(net, g);  // without views the second arrival is reduced again: fine
+      op::sum(dp(x)).backward();
+      plain_ok[r] = net->l1->weight.grad().defined() ? 1 : 0;
+    }
+    auto net = std::make_shared<Net>();
+    dist::DataParallel dp(net, g, {.gradient_as_bucket_view = true});
+    try {
+      op::sum(dp(x)).backward();
+    } catch (const ValueError& e) {
+      messages[r] = e.what();
+    }
+  }));
+  for (int r = 0; r < world; ++r) {
+    CHECK(plain_ok[r] == 1);
+    CHECK_THAT(messages[r], Catch::Matchers::Contains("gradient_as_bucket_view") &&
+                                Catch::Matchers::Contains("l1.") &&
+                                Catch::Matchers::Contains("arrived a second time"));
+  }
+}

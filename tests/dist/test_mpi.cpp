@@ -229,18 +229,67 @@ void test_collectives(dist::MpiProcessGroup& pg) {
   check(pg.local_rank() >= 0 && pg.local_rank() < pg.local_size(), "local_rank in [0, local_size)");
 }
 
+// With the communication thread a collective completes while the caller does not enter MPI at all:
+// an 8 MB all_reduce (far more than one MPI_Test can move) is complete after the caller slept.
+void test_background_progress(dist::MpiProcessGroup& pg) {
+  const int R = pg.size(), r = pg.rank();
+  FloatTensor t = FloatTensor::full({int64_t{2} << 20}, static_cast<double>(r + 1));
+  pg.barrier();
+  auto w = pg.all_reduce_async(t, dist::ReduceOp::Sum);
+  if (pg.has_comm_thread()) {
+    // is_completed() only reads the flag the thread sets: it never enters MPI itself.
+    bool done = false;
+    for (int i = 0; i < 100 && !done; ++i) {  // up to 2 s: the other ranks may start later
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      done = w->is_completed();
+    }
+    check(done, "comm thread: an 8 MB all_reduce completed while the caller slept");
+  }
+  w->wait();
+  std::vector<float> v = t.to_vector();
+  check(v.front() == R * (R + 1) / 2.0f && v.back() == R * (R + 1) / 2.0f, "background all_reduce: values");
+
+  // A Work dropped before completion still completes (the thread owns it) and later
+  // collectives are unaffected.
+  if (pg.has_comm_thread()) {
+    FloatTensor d = FloatTensor::full({int64_t{1} << 18}, 1.0);
+    pg.all_reduce_async(d, dist::ReduceOp::Sum);  // handle dropped at once
+    FloatTensor e = FloatTensor::full({3}, 2.0);
+    pg.all_reduce(e, dist::ReduceOp::Sum);
+    check_values(e, std::vector<double>(3, 2.0 * R), 0.0, "all_reduce after a dropped Work");
+    bool dropped_done = false;
+    for (int i = 0; i < 200 && !dropped_done; ++i) {
+      dropped_done = d.data()[0] == static_cast<float>(R) && d.data()[(1 << 18) - 1] == static_cast<float>(R);
+      if (!dropped_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    check(dropped_done, "a dropped Work completes in the background");
+  }
+}
+
 int run_collectives() {
   auto pg = dist::init_from_environment({.timeout = std::chrono::seconds(30)});
+  // The same checks once more with the caller driving MPI (MpiOptions::comm_thread = false).
+  dist::MpiOptions caller_driven;
+  caller_driven.timeout = std::chrono::seconds(30);
+  caller_driven.comm_thread = false;
+  dist::MpiProcessGroup pg_caller(caller_driven);
   g_rank = pg->rank();
   auto t0 = std::chrono::steady_clock::now();
-  try {
-    test_collectives(*pg);
-  } catch (const std::exception& e) {
-    check(false, std::string("unexpected exception: ") + e.what());
+  check(pg->has_comm_thread() == (pg->thread_level() == MPI_THREAD_MULTIPLE),
+        "the communication thread runs exactly where MPI provides MPI_THREAD_MULTIPLE");
+  check(!pg_caller.has_comm_thread(), "MpiOptions::comm_thread = false: no communication thread");
+  for (dist::MpiProcessGroup* g : {pg.get(), &pg_caller}) {
+    try {
+      test_collectives(*g);
+      test_background_progress(*g);
+    } catch (const std::exception& e) {
+      check(false, std::string("unexpected exception: ") + e.what());
+    }
   }
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("test_mpi rank %d of %d: %d checks, %d failed (%.0f ms, thread level %d)\n", pg->rank(), pg->size(),
-              g_checks, g_failures, ms, pg->thread_level());
+  std::printf("test_mpi rank %d of %d: %d checks, %d failed (%.0f ms, thread level %d, comm thread %s)\n",
+              pg->rank(), pg->size(), g_checks, g_failures, ms, pg->thread_level(),
+              pg->has_comm_thread() ? "on" : "off");
   std::fflush(stdout);
   // Every rank's verdict: fail the whole job when any rank failed.
   IntTensor failed = IntTensor::full({1}, static_cast<double>(g_failures));

@@ -58,6 +58,14 @@ struct DataParallelOptions {
   size_t bucket_cap_bytes = size_t{25} << 20;
   size_t first_bucket_bytes = size_t{1} << 20;
   bool broadcast_from_rank0 = true;  // parameters and buffers at construction
+  // torch's gradient_as_bucket_view: each .grad is a view into its bucket's buffer, so backward
+  // accumulates straight into the buffer that is all-reduced; saves three copies of every gradient
+  // per step (backward's first copy into a fresh .grad, the copy into the bucket, the copy back).
+  // The forward must go through the wrapper (dp(x)), which turns missing gradients into views.
+  // Caveats, as in torch: a .grad kept across steps is overwritten by the next backward, and a
+  // parameter whose gradient arrives twice in one backward (used both inside and outside a
+  // checkpointed segment) is an error.
+  bool gradient_as_bucket_view = false;
 };
 
 namespace dp_detail {
@@ -84,6 +92,7 @@ class DataParallel {
     state_->group = &group_;
     auto named = module_->named_parameters();
     check_replicas(named, group_);
+    state_->as_view = options.gradient_as_bucket_view;
     if (options.broadcast_from_rank0) {
       NoGradGuard no_grad;
       for (auto& [n, p] : named) {
@@ -142,18 +151,24 @@ class DataParallel {
   ProcessGroup& group() { return group_; }
   // Number of gradient buckets and the parameter names of bucket i (reverse registration order).
   size_t bucket_count() const { return state_->buckets.size(); }
+  // Bucket i's flat buffer (what its all_reduce moves; with gradient_as_bucket_view, the .grad
+  // tensors are views into it).
+  const AnyTensor& bucket_buffer(size_t i) const { return state_->buckets.at(i).flat; }
   std::vector<std::string> bucket_parameter_names(size_t i) const {
     std::vector<std::string> out;
     for (size_t p : state_->buckets.at(i).params) out.push_back(state_->names[p]);
     return out;
   }
 
-  AnyTensor forward_any(const AnyTensor& x) { return module_->forward_any(x); }
+  AnyTensor forward_any(const AnyTensor& x) {
+    if (state_->as_view) state_->install_views();
+    return module_->forward_any(x);
+  }
   template <Element T>
   Tensor<T> operator()(const Tensor<T>& x) {
-    return Tensor<T>(module_->forward_any(x));
+    return Tensor<T>(forward_any(x));
   }
-  AnyTensor operator()(const AnyTensor& x) { return module_->forward_any(x); }
+  AnyTensor operator()(const AnyTensor& x) { return forward_any(x); }
 
   // While the guard lives, backward passes only accumulate gradients locally.
   class NoSyncGuard {
@@ -192,11 +207,29 @@ class DataParallel {
     std::vector<size_t> bucket_of;
     std::vector<Bucket> buckets;
     bool sync = true;
+    bool as_view = false;                          // DataParallelOptions::gradient_as_bucket_view
     std::unordered_set<const void*> queued_lists;  // backward passes holding our callback
 
     AnyTensor view(Bucket& b, size_t k) {
       const AnyTensor& p = params[b.params[k]];
       return b.flat.slice(b.offsets[k], b.offsets[k] + p.numel()).reshape(p.shape());
+    }
+    bool grad_is_view(Bucket& b, size_t k) {
+      const AnyTensor g = params[b.params[k]].grad();
+      return g.defined() && g.numel() > 0 && g.data_ptr() == view(b, k).data_ptr();
+    }
+    // gradient_as_bucket_view: a parameter without a gradient gets a zeroed view of its bucket,
+    // into which backward then accumulates in place.
+    void install_views() {
+      NoGradGuard no_grad;
+      for (Bucket& b : buckets)
+        for (size_t k = 0; k < b.params.size(); ++k) {
+          AnyTensor& p = params[b.params[k]];
+          if (p.grad().defined() || p.numel() == 0) continue;
+          AnyTensor v = view(b, k);
+          v.backend().fill(b.dtype, v.data_ptr(), v.numel(), 0.0);
+          p.set_grad(v);
+        }
     }
     void fill_flat(Bucket& b) {
       NoGradGuard no_grad;
@@ -204,7 +237,7 @@ class DataParallel {
         const AnyTensor& p = params[b.params[k]];
         AnyTensor v = view(b, k);
         AnyTensor g = p.grad();
-        if (v.numel() == 0) continue;
+        if (v.numel() == 0 || grad_is_view(b, k)) continue;  // already in place
         if (g.defined())
           v.copy_(g.dtype() == b.dtype ? g : g.to(b.dtype));
         else
@@ -234,14 +267,26 @@ class DataParallel {
           if (auto s = weak.lock()) s->on_backward_end(list);
         });
       }
-      // Poll the all-reduces in flight: MPI implementations without an asynchronous progress
-      // thread (Open MPI's default) only advance a non-blocking collective inside MPI calls, so
-      // without this a bucket's reduction would mostly happen at the wait after backward.
+      // Poll the all-reduces in flight. MpiProcessGroup's communication thread runs them anyway; for
+      // a group without one (MpiOptions::comm_thread = false, or an MPI without
+      // MPI_THREAD_MULTIPLE) these polls are the only MPI calls during backward, without which a
+      // bucket's reduction would wait for the end of backward.
       for (Bucket& other : buckets)
         if (other.launched && other.work) other.work->is_completed();
       Bucket& b = buckets[bucket_of[i]];
       if (ready[i]) {
-        if (b.launched) b.dirty = true;
+        if (b.launched) {
+          b.dirty = true;
+          for (size_t k = 0; k < b.params.size(); ++k)
+            if (b.params[k] == i && grad_is_view(b, k)) {
+              reset();
+              throw ValueError(::ember::detail::str_cat(
+                  "DataParallel (gradient_as_bucket_view): the gradient of ", names[i],
+                  " arrived a second time in one backward, after its bucket's all_reduce had started, and "
+                  "was accumulated into the buffer being reduced. Use gradient_as_bucket_view = false for models "
+                  "that use a parameter both inside and outside a checkpointed segment."));
+            }
+        }
         return;
       }
       ready[i] = true;
@@ -281,6 +326,10 @@ class DataParallel {
           AnyTensor& p = params[b.params[k]];
           AnyTensor v = view(b, k);
           AnyTensor g = p.grad();
+          if (as_view) {
+            if (!grad_is_view(b, k) && v.numel() > 0) p.set_grad(v);  // the average is in the view
+            continue;
+          }
           if (g.defined() && g.dtype() == b.dtype) {
             g.copy_(v);
           } else if (g.defined()) {
