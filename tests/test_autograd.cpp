@@ -33,6 +33,44 @@ TEST_CASE("gradients accumulate across backward calls until zero_grad", "[autogr
   CHECK(x.grad().to_vector() == std::vector<double>{5, 5});
 }
 
+TEST_CASE("a gradient destination receives a leaf's first gradient, later ones accumulate there", "[autograd]") {
+  auto x = Tensor<double>::from_vector({1, -1}).set_requires_grad();
+  auto buffer = Tensor<double>::full({5}, 7.0);  // the destination is a slice of a larger buffer
+  int asked = 0;
+  x.set_grad_destination([&]() -> AnyTensor {
+    ++asked;
+    return buffer.slice(1, 3);
+  });
+  sum(x * 2.0).backward();
+  CHECK(asked == 1);
+  CHECK(buffer.to_vector() == std::vector<double>{7, 2, 2, 7, 7});  // copied in, not added
+  CHECK(x.grad().data_ptr() == buffer.slice(1, 3).data_ptr());      // .grad aliases it
+  sum(x * 3.0).backward();                                          // accumulates in place
+  CHECK(asked == 1);
+  CHECK(buffer.to_vector() == std::vector<double>{7, 5, 5, 7, 7});
+  x.zero_grad();
+  sum(x * 4.0).backward();  // asked again once the gradient was dropped
+  CHECK(asked == 2);
+  CHECK(buffer.to_vector() == std::vector<double>{7, 4, 4, 7, 7});
+
+  // An undefined destination: a fresh tensor, as without one.
+  x.zero_grad();
+  x.set_grad_destination([]() { return AnyTensor(); });
+  sum(x * 1.0).backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{1, 1});
+  CHECK(buffer.to_vector() == std::vector<double>{7, 4, 4, 7, 7});
+
+  // A destination of the wrong shape is an error naming both tensors.
+  x.zero_grad();
+  x.set_grad_destination([&]() -> AnyTensor { return buffer.slice(0, 3); });
+  CHECK_THROWS_WITH(sum(x * 1.0).backward(),
+                    Catch::Matchers::Contains("gradient destination float64[3]") &&
+                        Catch::Matchers::Contains("float64[2]"));
+  // Only leaves that require grad have one.
+  auto y = x * 2.0;
+  CHECK_THROWS_AS(y.set_grad_destination([] { return AnyTensor(); }), AutogradError);
+}
+
 TEST_CASE("a tensor used twice gets the sum of both paths (diamond)", "[autograd]") {
   auto x = Tensor<double>::from_vector({2.0}).set_requires_grad();
   auto a = x * 3.0;

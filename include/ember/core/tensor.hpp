@@ -92,6 +92,13 @@ class AnyTensor {
                 "register_grad_ready_hook: the tensor must be a leaf that requires grad (", desc(), ")");
     checked().grad_ready_hooks.push_back(std::move(hook));
   }
+  // Where the next backward puts this leaf's gradient while it has none (see
+  // TensorImpl::grad_destination); an empty function restores fresh tensors.
+  void set_grad_destination(std::function<AnyTensor()> destination) {
+    EMBER_CHECK(is_leaf() && requires_grad(), AutogradError,
+                "set_grad_destination: the tensor must be a leaf that requires grad (", desc(), ")");
+    checked().grad_destination = std::move(destination);
+  }
   // Backward from a scalar (gradient 1), or from any tensor with an explicit gradient.
   void backward(bool retain_graph = false) const;
   void backward(const AnyTensor& gradient, bool retain_graph = false) const;

@@ -28,6 +28,10 @@ struct TensorImpl {
   std::weak_ptr<autograd::Node> grad_accumulator;
   // Called on a leaf right after a backward pass has accumulated into its gradient.
   std::vector<std::function<void(const AnyTensor&)>> grad_ready_hooks;
+  // Where a backward puts a leaf's gradient when the leaf has none yet: the tensor this returns
+  // (same shape, dtype and device) receives a copy and becomes .grad. Unset, or returning an
+  // undefined tensor: a fresh tensor. (DataParallel's gradient_as_bucket_view: views of buckets.)
+  std::function<AnyTensor()> grad_destination;
 
   void* data() const {
     return storage ? static_cast<char*>(storage->data()) + offset * static_cast<int64_t>(dtype_size(dtype))

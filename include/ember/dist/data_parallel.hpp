@@ -21,6 +21,8 @@
 //   ready, the bucket's gradients are copied into its flat buffer and an asynchronous all_reduce
 //   (Avg) starts while backward goes on. A callback queued with autograd::queue_callback waits for
 //   every bucket at the end of backward and copies the averages back into each .grad.
+// - With gradient_as_bucket_view, backward writes the gradients straight into the flat buffers
+//   (AnyTensor::set_grad_destination) and .grad stays a view of them: nothing is copied.
 // - Reduction dtype: each bucket is all-reduced in the gradients' own dtype (fp16/bf16 gradients
 //   in fp16/bf16; the backend may accumulate wider: ThreadProcessGroup in double).
 // - Unused parameters (torch's find_unused_parameters, always on): a parameter whose hook did
@@ -58,10 +60,10 @@ struct DataParallelOptions {
   size_t bucket_cap_bytes = size_t{25} << 20;
   size_t first_bucket_bytes = size_t{1} << 20;
   bool broadcast_from_rank0 = true;  // parameters and buffers at construction
-  // torch's gradient_as_bucket_view: each .grad is a view into its bucket's buffer, so backward
-  // accumulates straight into the buffer that is all-reduced; saves three copies of every gradient
-  // per step (backward's first copy into a fresh .grad, the copy into the bucket, the copy back).
-  // The forward must go through the wrapper (dp(x)), which turns missing gradients into views.
+  // torch's gradient_as_bucket_view: each .grad is a view into its bucket's buffer (backward puts
+  // a missing gradient there: AnyTensor::set_grad_destination, and accumulates into it), so the
+  // buffer that is all-reduced needs no filling and .grad holds the average afterwards: two fewer
+  // passes over every gradient per step (the copy into the bucket, the copy back).
   // Caveats, as in torch: a .grad kept across steps is overwritten by the next backward, and a
   // parameter whose gradient arrives twice in one backward (used both inside and outside a
   // checkpointed segment) is an error.
@@ -141,6 +143,22 @@ class DataParallel {
       st.params[i].register_grad_ready_hook([weak, i](const AnyTensor&) {
         if (auto s = weak.lock()) s->on_ready(i, s);
       });
+    // gradient_as_bucket_view: backward writes a parameter's first gradient of a step straight into
+    // its slice of the bucket (and accumulates there afterwards).
+    if (st.as_view)
+      for (Bucket& b : st.buckets)
+        for (size_t k = 0; k < b.params.size(); ++k) {
+          const size_t bucket = static_cast<size_t>(&b - st.buckets.data());
+          st.params[b.params[k]].set_grad_destination([weak, bucket, k]() -> AnyTensor {
+            auto s = weak.lock();
+            return s ? s->view(s->buckets[bucket], k) : AnyTensor();
+          });
+        }
+  }
+
+  ~DataParallel() {
+    if (state_->as_view)
+      for (AnyTensor& p : state_->params) p.set_grad_destination({});
   }
 
   DataParallel(const DataParallel&) = delete;
@@ -160,15 +178,12 @@ class DataParallel {
     return out;
   }
 
-  AnyTensor forward_any(const AnyTensor& x) {
-    if (state_->as_view) state_->install_views();
-    return module_->forward_any(x);
-  }
+  AnyTensor forward_any(const AnyTensor& x) { return module_->forward_any(x); }
   template <Element T>
   Tensor<T> operator()(const Tensor<T>& x) {
-    return Tensor<T>(forward_any(x));
+    return Tensor<T>(module_->forward_any(x));
   }
-  AnyTensor operator()(const AnyTensor& x) { return forward_any(x); }
+  AnyTensor operator()(const AnyTensor& x) { return module_->forward_any(x); }
 
   // While the guard lives, backward passes only accumulate gradients locally.
   class NoSyncGuard {
@@ -217,19 +232,6 @@ class DataParallel {
     bool grad_is_view(Bucket& b, size_t k) {
       const AnyTensor g = params[b.params[k]].grad();
       return g.defined() && g.numel() > 0 && g.data_ptr() == view(b, k).data_ptr();
-    }
-    // gradient_as_bucket_view: a parameter without a gradient gets a zeroed view of its bucket,
-    // into which backward then accumulates in place.
-    void install_views() {
-      NoGradGuard no_grad;
-      for (Bucket& b : buckets)
-        for (size_t k = 0; k < b.params.size(); ++k) {
-          AnyTensor& p = params[b.params[k]];
-          if (p.grad().defined() || p.numel() == 0) continue;
-          AnyTensor v = view(b, k);
-          v.backend().fill(b.dtype, v.data_ptr(), v.numel(), 0.0);
-          p.set_grad(v);
-        }
     }
     void fill_flat(Bucket& b) {
       NoGradGuard no_grad;

@@ -56,7 +56,15 @@ inline std::vector<AnyTensor> AccumulateGrad::apply(std::vector<AnyTensor>&& gra
   NoGradGuard no_grad;
   if (!leaf_->grad) {
     // Copy rather than alias: the incoming gradient may share storage with another leaf's.
-    leaf_->grad = g.detach().clone().impl_ptr();
+    AnyTensor dst = leaf_->grad_destination ? leaf_->grad_destination() : AnyTensor();
+    if (dst.defined()) {
+      EMBER_CHECK(dst.shape() == g.shape() && dst.dtype() == g.dtype() && dst.device() == g.device(), AutogradError,
+                  "the gradient destination ", dst.desc(), " of a leaf does not fit its gradient ", g.desc());
+      dst.copy_(g);
+      leaf_->grad = dst.impl_ptr();
+    } else {
+      leaf_->grad = g.detach().clone().impl_ptr();
+    }
   } else {
     AnyTensor acc(leaf_->grad);
     EMBER_CHECK(acc.shape() == g.shape() && acc.dtype() == g.dtype() && acc.device() == g.device(), AutogradError,
