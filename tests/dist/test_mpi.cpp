@@ -7,6 +7,7 @@
 //   test_mpi_dist timeout    rank 0 skips a collective: the others must raise DistributedError
 //                            within the 2 s timeout; they report it and the job exits non-zero
 //   test_mpi_dist kill       rank 1 SIGKILLs itself mid-loop: the job must end, non-zero, quickly
+//   test_mpi_dist mismatch   the ranks all_reduce different sizes: a DistributedError, not a hang
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -346,6 +347,28 @@ int run_kill() {
   return 0;
 }
 
+// The ranks call all_reduce with different sizes (rank 0: 8 elements, the others: 64): MPI
+// reports a truncated message on a rank that receives more than its buffer holds, which must be a
+// DistributedError (the group's communicator returns errors), not a fatal MPI abort; that rank
+// then ends the job. Ranks whose call "succeeds" wait for the job to end.
+int run_mismatch() {
+  auto pg = dist::init_from_environment({.timeout = std::chrono::seconds(10)});
+  g_rank = pg->rank();
+  pg->barrier();
+  FloatTensor t = FloatTensor::ones({pg->rank() == 0 ? 8 : 64});
+  try {
+    pg->all_reduce(t);
+  } catch (const DistributedError& e) {
+    std::printf("rank %d: DistributedError (as expected): %s\nrank %d: MISMATCH-ERROR-OK\n", pg->rank(), e.what(),
+                pg->rank());
+    std::fflush(stdout);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(20));  // until a rank that saw the error ends the job
+  std::printf("rank %d: no rank reported the mismatch within 20 s\n", pg->rank());
+  return 5;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -353,6 +376,7 @@ int main(int argc, char** argv) {
   if (mode == "collectives") return run_collectives();
   if (mode == "timeout") return run_timeout();
   if (mode == "kill") return run_kill();
-  std::fprintf(stderr, "usage: %s [collectives|timeout|kill]\n", argv[0]);
+  if (mode == "mismatch") return run_mismatch();
+  std::fprintf(stderr, "usage: %s [collectives|timeout|kill|mismatch]\n", argv[0]);
   return 2;
 }

@@ -507,12 +507,11 @@ class MpiProcessGroup : public ProcessGroup {
       tmp = v.data();
     }
     const int sz = size_;
+    void* red = tmp ? static_cast<void*>(tmp) : buf;  // what MPI reduces
     w->on_complete([=] {
-      void* red = tmp ? static_cast<void*>(tmp) : buf;
       if (op == ReduceOp::Avg) detail::divide_in_place(dt, red, n, sz);
       if (tmp) detail::narrow_16(dt, tmp, buf, n);
     });
-    void* red = tmp ? static_cast<void*>(tmp) : buf;
     const MPI_Datatype type = detail::mpi_reduce_type(dt);
     const MPI_Op mop = detail::mpi_op(op);
     const MPI_Comm comm = comm_;
@@ -574,13 +573,12 @@ class MpiProcessGroup : public ProcessGroup {
       tout = vo.data();
     }
     const int sz = size_;
+    const void* src = tin ? static_cast<const void*>(tin) : in;
+    void* dst = tout ? static_cast<void*>(tout) : out;  // what MPI reduces into
     w->on_complete([=] {
-      void* red = tout ? static_cast<void*>(tout) : out;
-      if (op == ReduceOp::Avg) detail::divide_in_place(dt, red, n, sz);
+      if (op == ReduceOp::Avg) detail::divide_in_place(dt, dst, n, sz);
       if (tout) detail::narrow_16(dt, tout, out, n);
     });
-    const void* src = tin ? static_cast<const void*>(tin) : in;
-    void* dst = tout ? static_cast<void*>(tout) : out;
     const MPI_Datatype type = detail::mpi_reduce_type(dt);
     const MPI_Op mop = detail::mpi_op(op);
     const MPI_Comm comm = comm_;
