@@ -15,13 +15,14 @@
 # exits non-zero at the end if anything failed.
 #
 # Benchmark twins: benchmarks/<name>.py next to the Google Benchmark program benchmarks/<name>.cpp
-# (built as <build>/benchmarks/<name>). The C++ program runs with --benchmark_out=<json>
-# --benchmark_repetitions=5 --benchmark_report_aggregates_only=true; the twin runs as
-# `python3 benchmarks/<name>.py --out <json>` and writes the same JSON shape as Google Benchmark
-# ({"benchmarks": [{"name": ..., "real_time": ..., "time_unit": "ns"|"us"|"ms"|"s"}]}), with
-# each case's name equal to the C++ case's name. Ratio = ember time / PyTorch time per case,
-# medians where there are repetitions; the table shows the geometric mean over matched cases
-# (< 1: ember is faster).
+# (built as <build>/benchmarks/<name>); benchmarks/bench_torch.py twins two programs, bench_core
+# and bench_layers. The C++ program runs with --benchmark_out=<json> --benchmark_repetitions=5
+# --benchmark_report_aggregates_only=true; the twin runs once as `python3 benchmarks/<name>.py
+# --out <json>` and writes either Google Benchmark's JSON shape ({"benchmarks": [{"name": ...,
+# "real_time": ..., "time_unit": "ns"|"us"|"ms"|"s"}]}) or {"<case>": milliseconds}, with each
+# case's name equal to the C++ case's name (without "/real_time"). Ratio = ember time / PyTorch
+# time per case, medians where there are repetitions; the table shows the geometric mean over
+# matched cases (< 1: ember is faster). bench_allreduce_torch.py belongs to section 4b.
 #
 # Environment: OUT, EMBER_GPU_BUILD_DIR (default build-gpu), EMBER_GPU_JOBS (default: all cores),
 # CUDNN_ROOT / NCCL_ROOT (skip the search), EMBER_CMAKE_ARGS (extra configure arguments),
