@@ -15,6 +15,7 @@
 #include "ember/dist/thread_group.hpp"
 #include "ember/dist/zero.hpp"
 #include "ember/ember.hpp"
+#include "pretend_gpu.hpp"
 
 using namespace ember;
 
@@ -777,5 +778,98 @@ TEST_CASE("DataParallel gradient_as_bucket_view: a gradient arriving twice in on
     CHECK_THAT(messages[r], Catch::Matchers::Contains("gradient_as_bucket_view") &&
                                 Catch::Matchers::Contains("l1.") &&
                                 Catch::Matchers::Contains("arrived a second time"));
+  }
+}
+
+namespace {
+// A group whose collectives take tensors on its device only, as NcclProcessGroup does (a tensor
+// elsewhere is a DeviceError naming both), run by a ThreadProcessGroup on host copies. With the
+// pretend GPU it stands in for NCCL in CI.
+class DeviceOnlyGroup : public dist::ProcessGroup {
+ public:
+  DeviceOnlyGroup(dist::ThreadProcessGroup& inner, Device dev) : inner_(inner), dev_(dev) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend_name() const override { return "device-only"; }
+  Device device() const override { return dev_; }
+  std::shared_ptr<dist::Work> all_reduce_async(AnyTensor& t, dist::ReduceOp op) override {
+    check(t);
+    AnyTensor h = t.to(Device::cpu());
+    inner_.all_reduce(h, op);
+    t.copy_(h.to(dev_));
+    return std::make_shared<dist::CompletedWork>();
+  }
+  std::shared_ptr<dist::Work> broadcast_async(AnyTensor& t, int root) override {
+    check(t);
+    AnyTensor h = t.to(Device::cpu());
+    inner_.broadcast(h, root);
+    t.copy_(h.to(dev_));
+    return std::make_shared<dist::CompletedWork>();
+  }
+  std::shared_ptr<dist::Work> reduce_scatter_async(AnyTensor& out, const AnyTensor& in, dist::ReduceOp op) override {
+    check(out);
+    check(in);
+    AnyTensor h = out.to(Device::cpu());
+    inner_.reduce_scatter(h, in.to(Device::cpu()), op);
+    out.copy_(h.to(dev_));
+    return std::make_shared<dist::CompletedWork>();
+  }
+  std::shared_ptr<dist::Work> all_gather_async(AnyTensor& out, const AnyTensor& in) override {
+    check(out);
+    check(in);
+    AnyTensor h = out.to(Device::cpu());
+    inner_.all_gather(h, in.to(Device::cpu()));
+    out.copy_(h.to(dev_));
+    return std::make_shared<dist::CompletedWork>();
+  }
+  void barrier() override { inner_.barrier(); }
+
+ private:
+  void check(const AnyTensor& t) const {
+    EMBER_CHECK(t.device() == dev_, DeviceError, "DeviceOnlyGroup: ", t.desc(), " is not on ", dev_.str());
+  }
+  dist::ThreadProcessGroup& inner_;
+  Device dev_;
+};
+}  // namespace
+
+TEST_CASE("DataParallel and sync_found_inf over a group that takes device tensors only (as NCCL)", "[dist]") {
+  // DataParallel's replica check and sync_found_inf make their own small tensors to communicate:
+  // they must put them on the group's device (ProcessGroup::device()), not on the CPU.
+  testing::PretendGpu pretend;  // cuda:0 backed by the CPU when there is no GPU
+  const Device gpu = Device::cuda(0);
+  const int world = 2;
+  auto groups = dist::ThreadProcessGroup::create(world);
+  const Data data = make_data(8, 31);
+  std::vector<double> err(world, INFINITY);
+  std::vector<int> found(world, -1);
+  rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& inner) {
+    DeviceOnlyGroup g(static_cast<dist::ThreadProcessGroup&>(inner), gpu);
+    auto base = make_mlp(12);
+    auto replica = make_mlp(12);
+    replica->to(gpu);
+    dist::DataParallel dp(replica, g);
+    std::vector<int64_t> batch = {0, 1, 2, 3, 4, 5};
+    auto [xb, yb] = rows(data, batch);
+    loss_of(*base, xb, yb).backward();
+    auto [xs, ys] = rows(data, slice_of(batch, r, world));
+    nn::functional::mse_loss(FloatTensor(dp(xs.to(gpu))), ys.to(gpu)).backward();
+    std::vector<AnyTensor> on_cpu;
+    for (auto& p : replica->parameters()) {
+      AnyTensor c = p.detach().to(Device::cpu()).set_requires_grad(true);
+      c.set_grad(p.grad().to(Device::cpu()));
+      on_cpu.push_back(c);
+    }
+    err[r] = max_rel(on_cpu, base->parameters(), true);
+    // A GradScaler step on the device: the found-inf flags are all-reduced on the group's device.
+    optim::SGD opt(replica->parameters(), {.lr = 0.1});
+    amp::GradScaler scaler;
+    opt.zero_grad();
+    scaler.scale(nn::functional::mse_loss(FloatTensor(dp(xs.to(gpu))), ys.to(gpu))).backward();
+    found[r] = dist::sync_found_inf(scaler, opt, g) ? 1 : 0;
+  }));
+  for (int r = 0; r < world; ++r) {
+    CHECK(err[r] <= 1e-6);
+    CHECK(found[r] == 0);
   }
 }

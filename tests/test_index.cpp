@@ -3,6 +3,8 @@
 // against plain loops, index validation.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -196,4 +198,9 @@ TEST_CASE("index ops int64 index validation: out of range, negative, wrong dtype
   CHECK_THROWS_AS(op::gather(x, 1, idx64({0, 1}, {2, 1})), ShapeError);  // dim 0 differs
   CHECK_THROWS_AS(op::gather(x, 1, idx64({0, 1, 2}, {3})), ShapeError);  // rank differs
   CHECK_THROWS_AS(op::gather(x, 0, idx32({0, 0, 0, -2}, {1, 4})), IndexError);
+  // Indices near 2^63 (they round to 2^63 in a double): still out of range, and the message says so.
+  CHECK_THROWS_WITH(op::index_select(x, 0, idx64({0, std::numeric_limits<int64_t>::max()}, {2})),
+                    Catch::Matchers::Contains("index_select: index 9223372036854775807 is out of range for dimension 0 of size 3"));
+  CHECK_THROWS_AS(op::index_select(x, 0, idx64({std::numeric_limits<int64_t>::max() - 100}, {1})), IndexError);
+  CHECK_THROWS_WITH(op::index_select(x, 0, idx64({1, 3}, {2})), Catch::Matchers::Contains("index 3 is out of range"));
 }

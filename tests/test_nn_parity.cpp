@@ -80,6 +80,9 @@ std::vector<LayerCase> layer_cases() {
       {"Conv2d groups 2 stride 2", make<nn::Conv2d>(int64_t{4}, int64_t{6}, int64_t{3},
                                                     nn::Conv2dOptions{.stride = {2, 2}, .padding = {1, 1}, .groups = 2}),
        {2, 4, 9, 9}},
+      // cuDNN rejects empty tensors: the backend must give the CPU's zeros itself.
+      {"Conv2d empty batch", make<nn::Conv2d>(int64_t{4}, int64_t{6}, int64_t{3}, nn::Conv2dOptions{.padding = {1, 1}}),
+       {0, 4, 5, 5}},
       {"MaxPool2d", make<nn::MaxPool2d>(int64_t{2}), {2, 3, 8, 8}},
       {"AvgPool2d", make<nn::AvgPool2d>(int64_t{3}, int64_t{2}, int64_t{1}), {2, 3, 9, 9}},
       {"AdaptiveAvgPool2d", make<nn::AdaptiveAvgPool2d>(int64_t{3}), {2, 3, 8, 7}},

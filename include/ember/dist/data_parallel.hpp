@@ -348,8 +348,9 @@ class DataParallel {
   static void check_replicas(const std::vector<std::pair<std::string, AnyTensor>>& named, ProcessGroup& g) {
     const int world = g.size();
     if (world == 1) return;
-    AnyTensor count = Tensor<int64_t>::scalar(static_cast<int64_t>(named.size())).reshape({1});
-    AnyTensor counts = AnyTensor::zeros(Shape{world}, DType::Int64);
+    const Device dev = g.device();  // NCCL takes only tensors on its GPU
+    AnyTensor count = Tensor<int64_t>::scalar(static_cast<int64_t>(named.size())).reshape({1}).to(dev);
+    AnyTensor counts = AnyTensor::zeros(Shape{world}, DType::Int64, dev);
     g.all_gather(counts, count);
     auto cv = Tensor<int64_t>(counts).to_vector();
     const int64_t n = *std::min_element(cv.begin(), cv.end());
@@ -360,8 +361,8 @@ class DataParallel {
     }
     std::vector<int64_t> all_v;
     if (n > 0) {
-      AnyTensor local = Tensor<int64_t>::from_vector(mine);
-      AnyTensor all = AnyTensor::zeros(Shape{n * world}, DType::Int64);
+      AnyTensor local = Tensor<int64_t>::from_vector(mine).to(dev);
+      AnyTensor all = AnyTensor::zeros(Shape{n * world}, DType::Int64, dev);
       g.all_gather(all, local);
       all_v = Tensor<int64_t>(all).to_vector();
     }
@@ -408,7 +409,7 @@ inline bool sync_found_inf(amp::GradScaler& scaler, optim::Optimizer& opt, Proce
     f.backend().copy_to_host(&v, f.data_ptr(), 1);
     any = static_cast<uint8_t>(any | (v != 0 ? 1 : 0));
   }
-  AnyTensor t = Tensor<uint8_t>::scalar(any).reshape({1});
+  AnyTensor t = Tensor<uint8_t>::scalar(any).reshape({1}).to(group.device());
   group.all_reduce(t, ReduceOp::Max);
   const uint8_t all = Tensor<uint8_t>(t).to_vector()[0];
   for (AnyTensor& f : flags) f.backend().copy_from_host(f.data_ptr(), &all, 1);

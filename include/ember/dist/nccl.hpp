@@ -492,7 +492,9 @@ class NcclProcessGroup : public ProcessGroup {
     st->nonblocking = true;
     const auto deadline = detail::Clock::now() + options.timeout;
     ncclComm_t comm = nullptr;
-    EMBER_NCCL_CHECK(ncclCommInitRankConfig(&comm, size, id, rank, &config));
+    const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress && comm != nullptr) (void)ncclCommAbort(comm);  // do not leak it
+    EMBER_NCCL_CHECK(r);
     st->comm = comm;
     st->wait_ready(deadline, "ncclCommInitRankConfig (waiting for all ranks to join)");
     state_ = std::move(st);
@@ -519,19 +521,28 @@ class NcclProcessGroup : public ProcessGroup {
       }
     }
     const int n = static_cast<int>(devices.size());
+    grant_pool_access(devices);
     std::vector<ncclComm_t> comms(devices.size(), nullptr);
     EMBER_NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
     auto clique = std::make_shared<std::vector<std::weak_ptr<detail::NcclCommState>>>();
     std::vector<std::unique_ptr<NcclProcessGroup>> groups;
     std::vector<std::shared_ptr<detail::NcclCommState>> states;
-    for (int i = 0; i < n; ++i) {
-      auto st = std::make_shared<detail::NcclCommState>();
-      st->comm = comms[static_cast<size_t>(i)];
-      comms[static_cast<size_t>(i)] = nullptr;
-      st->clique = clique;
-      states.push_back(st);
-      init_state(*st, i, n, devices[static_cast<size_t>(i)], options);
-      clique->push_back(st);
+    try {
+      for (int i = 0; i < n; ++i) {
+        auto st = std::make_shared<detail::NcclCommState>();
+        st->comm = comms[static_cast<size_t>(i)];
+        comms[static_cast<size_t>(i)] = nullptr;
+        st->clique = clique;
+        states.push_back(st);
+        init_state(*st, i, n, devices[static_cast<size_t>(i)], options);
+        clique->push_back(st);
+      }
+    } catch (...) {
+      // The states made so far release their communicators; NCCL frees a set's resources only
+      // once every member is gone, so abort the ones not handed to a state yet.
+      for (ncclComm_t c : comms)
+        if (c != nullptr) (void)ncclCommAbort(c);
+      throw;
     }
     for (int i = 0; i < n; ++i) {
       groups.push_back(std::unique_ptr<NcclProcessGroup>(new NcclProcessGroup(std::move(states[static_cast<size_t>(i)]), options, true)));
@@ -544,7 +555,8 @@ class NcclProcessGroup : public ProcessGroup {
 
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
-  int device() const { return state_->device; }
+  // The group's GPU (its collectives take tensors there only).
+  Device device() const override { return Device::cuda(state_->device); }
   std::string backend_name() const override { return "nccl"; }
   const NcclOptions& options() const { return options_; }
   ncclComm_t nccl_comm() const { return state_->comm; }
@@ -649,6 +661,7 @@ class NcclProcessGroup : public ProcessGroup {
       : options_(options), state_(std::move(state)), single_process_(single_process) {}
 
   static void init_state(detail::NcclCommState& st, int rank, int size, int device, const NcclOptions& options) {
+    check_nccl_version();
     st.rank = rank;
     st.size = size;
     st.device = device;
@@ -658,7 +671,37 @@ class NcclProcessGroup : public ProcessGroup {
     EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
     EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&st.ready, cudaEventDisableTiming));
     EMBER_CUDA_CHECK(cudaMalloc(&st.barrier_buf, sizeof(int32_t)));
-    EMBER_CUDA_CHECK(cudaMemset(st.barrier_buf, 0, sizeof(int32_t)));
+    EMBER_CUDA_CHECK(cudaMemsetAsync(st.barrier_buf, 0, sizeof(int32_t), st.stream));  // NCCL's stream: ordered
+  }
+
+  // ncclAvg and bfloat16 reductions, which the group uses, need NCCL 2.10 or newer at run time (the
+  // library loaded may be older than the headers compiled against, e.g. from a Python wheel).
+  static void check_nccl_version() {
+    const int v = cuda::nccl_runtime_version();  // 2.9 on: major*10000 + minor*100 + patch; before: *1000
+    EMBER_CHECK(v >= 21000, DistributedError, "NcclProcessGroup: the NCCL loaded at run time has version code ", v,
+                " (ncclGetVersion); ember needs NCCL 2.10 or newer (ncclAvg, bfloat16)");
+  }
+
+  // One process driving several GPUs: NCCL may read and write the other devices' buffers directly,
+  // and memory from a device's stream-ordered pool (ember's allocator) is visible to another
+  // device only after cudaMemPoolSetAccess (peer access alone does not cover pools).
+  static void grant_pool_access(const std::vector<int>& devices) {
+    if (devices.size() < 2) return;
+    for (int owner : devices) {
+      cudaMemPool_t pool = nullptr;
+      EMBER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, owner));
+      for (int peer : devices) {
+        if (peer == owner) continue;
+        int can = 0;
+        EMBER_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, peer, owner));
+        if (!can) continue;  // NCCL then goes through its own buffers
+        cudaMemAccessDesc access{};
+        access.location.type = cudaMemLocationTypeDevice;
+        access.location.id = peer;
+        access.flags = cudaMemAccessFlagsProtReadWrite;
+        EMBER_CUDA_CHECK(cudaMemPoolSetAccess(pool, &access, 1));
+      }
+    }
   }
 
   void check_tensor(const AnyTensor& t, const char* what) const {

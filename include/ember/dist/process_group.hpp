@@ -47,6 +47,10 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;
+  // Where this group's collectives take their tensors: the CPU (MPI, threads) or its GPU (NCCL).
+  // Code that makes its own tensors to communicate (DataParallel's checks, sync_found_inf) puts
+  // them here.
+  virtual Device device() const { return Device::cpu(); }
 
   // In place: every rank ends with the reduction of all ranks' tensors.
   virtual std::shared_ptr<Work> all_reduce_async(AnyTensor& t, ReduceOp op = ReduceOp::Sum) = 0;

@@ -2,6 +2,7 @@
 // Indexing: index_select (and embedding lookup, its dim-0 case) and gather along a dimension.
 // Backwards scatter with accumulation, so repeated indices add up. Indices are int64 (int32 is
 // widened) and are checked against the dimension before any kernel runs.
+#include "ember/ops/compare.hpp"
 #include "ember/ops/detail/common.hpp"
 
 namespace ember::op {
@@ -9,14 +10,27 @@ namespace ember::op {
 namespace detail {
 inline AnyTensor as_int64(const AnyTensor& idx) { return idx.dtype() == DType::Int64 ? idx : idx.detach().to(DType::Int64); }
 
-// Throws IndexError naming the op when any index is outside [0, n). One small host read.
+// Throws IndexError naming the op when any index is outside [0, n). Two small host reads.
+// Comparisons, not min/max: the reductions carry int64 values in a double, where an index near
+// 2^63 becomes 2^63 and wraps to a negative int64 on the way back; a comparison cannot wrap.
 inline void check_index_range(const char* op, const AnyTensor& idx, int64_t n, const AnyTensor& x, int dim) {
   if (idx.numel() == 0) return;
   AnyTensor flat = idx.detach().reshape(Shape{idx.numel()});
-  AnyTensor lo = reduce_dim_raw(ReduceOp::Min, flat, 0), hi = reduce_dim_raw(ReduceOp::Max, flat, 0);
-  int64_t vlo = static_cast<int64_t>(lo.item_double()), vhi = static_cast<int64_t>(hi.item_double());
-  EMBER_CHECK(vlo >= 0 && vhi < n, IndexError, op, ": index ", (vlo < 0 ? vlo : vhi), " is out of range for dimension ",
-              dim, " of size ", n, " of ", x.desc());
+  const bool too_low = reduce_dim_raw(ReduceOp::Max, op::compare(CompareOp::Lt, flat, 0.0), 0).item_double() != 0;
+  const bool too_high =
+      reduce_dim_raw(ReduceOp::Max, op::compare(CompareOp::Ge, flat, static_cast<double>(n)), 0).item_double() != 0;
+  if (!too_low && !too_high) return;
+  // The error path: find the first offending index exactly, on the host.
+  AnyTensor host = flat.to(DType::Int64).to(Device::cpu());
+  const auto* v = static_cast<const int64_t*>(host.data_ptr());
+  int64_t bad = 0;
+  for (int64_t i = 0; i < host.numel(); ++i)
+    if (v[i] < 0 || v[i] >= n) {
+      bad = v[i];
+      break;
+    }
+  throw IndexError(::ember::detail::str_cat(op, ": index ", bad, " is out of range for dimension ", dim, " of size ", n,
+                                            " of ", x.desc()));
 }
 }  // namespace detail
 

@@ -161,11 +161,11 @@ class ConvPlan {
 // The plan for a problem, created on first use and kept for the life of the program.
 inline ConvPlan& conv_plan(const Conv2dArgs& a, int device) {
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, int64_t, int64_t, int64_t>;
+                         int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
   static std::mutex mu;
   static auto* cache = new std::map<Key, std::unique_ptr<ConvPlan>>();  // never freed: outlives static destruction
   Key k{device, static_cast<int>(a.dtype), a.n, a.c_in, a.h, a.w, a.c_out, a.kh, a.kw, a.stride_h, a.stride_w,
-        a.pad_h, a.pad_w, a.dil_h * 1000 + a.dil_w, a.groups, 0};
+        a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, 0};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(k);
   if (it == cache->end()) it = cache->emplace(k, std::make_unique<ConvPlan>(a, device)).first;

@@ -8,6 +8,7 @@
 // kernel table; everything here has internal linkage (anonymous namespace), so two programs'
 // or two libraries' copies of that translation unit never clash.
 #if defined(__CUDACC__)
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -457,17 +458,26 @@ class CudaBackend final : public Backend {
   }
 
   // ---- convolution (cuDNN) and pooling
+  // cuDNN rejects tensors with a zero dimension (CUDNN_STATUS_BAD_PARAM); an empty batch or no input
+  // channels gives what the CPU twin gives: zeros in whichever result is not empty itself.
   void conv2d_forward(const Conv2dArgs& a, const void* x, const void* w, void* y) override {
     Guard g(device_);
+    if (a.n == 0 || a.c_in == 0) return zero_fill(y, a.n * a.c_out * a.out_h * a.out_w, a.dtype);
     ::ember::cuda::conv_plan(a, device_).forward(x, w, y, a.dtype);
   }
   void conv2d_backward_input(const Conv2dArgs& a, const void* gy, const void* w, void* gx) override {
     Guard g(device_);
+    if (a.n == 0 || a.c_in == 0) return zero_fill(gx, a.n * a.c_in * a.h * a.w, a.dtype);
     ::ember::cuda::conv_plan(a, device_).backward_input(gy, w, gx, a.dtype);
   }
   void conv2d_backward_weight(const Conv2dArgs& a, const void* x, const void* gy, void* gw) override {
     Guard g(device_);
+    if (a.n == 0 || a.c_in == 0)
+      return zero_fill(gw, a.c_out * (a.c_in / std::max<int64_t>(a.groups, 1)) * a.kh * a.kw, a.dtype);
     ::ember::cuda::conv_plan(a, device_).backward_weight(x, gy, gw, a.dtype);
+  }
+  void zero_fill(void* p, int64_t numel, DType t) {
+    if (numel > 0) EMBER_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(numel) * dtype_size(t), stream_));
   }
   void max_pool2d_forward(const Pool2dArgs& p, const void* x, void* y, int64_t* indices) override {
     const int64_t total = p.n * p.c * p.out_h * p.out_w;

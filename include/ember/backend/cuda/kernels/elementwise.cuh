@@ -1,8 +1,10 @@
 #pragma once
-// Fills, conversions, random numbers and elementwise kernels. Each computes exactly what the CPU
-// reference (backend/cpu/elementwise.hpp) computes: the same scalar code (elementwise_math.hpp),
-// the same arithmetic type, and explicit round-to-nearest double operations (__dadd_rn /
-// __dmul_rn) where nvcc would otherwise fuse a multiply and an add that the CPU rounds separately.
+// Fills, conversions, random numbers and elementwise kernels. Each computes what the CPU reference
+// (backend/cpu/elementwise.hpp) computes: the same scalar code (elementwise_math.hpp) in the same
+// arithmetic type, with explicit round-to-nearest double operations (__dadd_rn / __dmul_rn) where
+// bit-equality matters (random numbers, fills, conversions). Elsewhere nvcc may contract a multiply
+// and an add of the shared formulas into one FMA (its default), so results such as GELU or its
+// derivative can differ from the CPU in the last bits; the parity tests allow for that.
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
 
