@@ -58,8 +58,8 @@ class ConvPlan {
                                                       static_cast<int>(a.dil_h), static_cast<int>(a.dil_w),
                                                       CUDNN_CROSS_CORRELATION, compute));
     EMBER_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_, static_cast<int>(a.groups)));
-    EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(
-        conv_, (a.dtype == DType::Float16 || a.dtype == DType::BFloat16) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    half_precision_ = a.dtype == DType::Float16 || a.dtype == DType::BFloat16;
+    EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, half_precision_ ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
     EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, dt, static_cast<int>(a.n),
                                                  static_cast<int>(a.c_out), static_cast<int>(a.out_h),
                                                  static_cast<int>(a.out_w)));
@@ -70,18 +70,24 @@ class ConvPlan {
       cudnnConvolutionFwdAlgoPerf_t perf[kMax];
       EMBER_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, kMax, &got, perf));
       fwd_ = pick(perf, got).algo;
+      fwd_math_ = math_for(pick(perf, got).mathType);
+      use_math(fwd_math_);
       EMBER_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, fwd_, &fwd_ws_));
     }
     {
       cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
       EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, kMax, &got, perf));
       bwd_data_ = pick(perf, got).algo;
+      bwd_data_math_ = math_for(pick(perf, got).mathType);
+      use_math(bwd_data_math_);
       EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_, y_, conv_, x_, bwd_data_, &bwd_data_ws_));
     }
     {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
       EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, kMax, &got, perf));
       bwd_filter_ = pick(perf, got).algo;
+      bwd_filter_math_ = math_for(pick(perf, got).mathType);
+      use_math(bwd_filter_math_);
       EMBER_CUDNN_CHECK(
           cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_, bwd_filter_, &bwd_filter_ws_));
     }
@@ -98,24 +104,34 @@ class ConvPlan {
   void forward(const void* x, const void* w, void* y, DType t) {
     Workspace ws(device_, fwd_ws_);
     Scalars s(t);
+    use_math(fwd_math_);
     EMBER_CUDNN_CHECK(cudnnConvolutionForward(cudnn_handle(device_), s.one(), x_, x, w_, w, conv_, fwd_, ws.ptr,
                                               fwd_ws_, s.zero(), y_, y));
   }
   void backward_input(const void* gy, const void* w, void* gx, DType t) {
     Workspace ws(device_, bwd_data_ws_);
     Scalars s(t);
+    use_math(bwd_data_math_);
     EMBER_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_handle(device_), s.one(), w_, w, y_, gy, conv_, bwd_data_,
                                                    ws.ptr, bwd_data_ws_, s.zero(), x_, gx));
   }
   void backward_weight(const void* x, const void* gy, void* gw, DType t) {
     Workspace ws(device_, bwd_filter_ws_);
     Scalars s(t);
+    use_math(bwd_filter_math_);
     EMBER_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_handle(device_), s.one(), x_, x, y_, gy, conv_,
                                                      bwd_filter_, ws.ptr, bwd_filter_ws_, s.zero(), w_, gw));
   }
 
  private:
   static constexpr size_t kMaxWorkspace = size_t{1} << 30;
+
+  // cuDNN's Get*Algorithm_v7 reports the math type each algorithm was timed with, and the caller
+  // must set it on the descriptor (else cuDNN may run a slower kernel). The three passes share the
+  // descriptor, so each sets its own before its call. fp32/fp64 keep CUDNN_FMA_MATH whatever is
+  // reported: another math type could allow TF32, which ember's fp32 does not use.
+  cudnnMathType_t math_for(cudnnMathType_t reported) const { return half_precision_ ? reported : CUDNN_FMA_MATH; }
+  void use_math(cudnnMathType_t m) { EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, m)); }
 
   // The fastest successful algorithm within the workspace limit (the list is sorted by speed).
   template <class Perf>
@@ -156,6 +172,8 @@ class ConvPlan {
   cudnnConvolutionBwdDataAlgo_t bwd_data_{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter_{};
   size_t fwd_ws_ = 0, bwd_data_ws_ = 0, bwd_filter_ws_ = 0;
+  bool half_precision_ = false;
+  cudnnMathType_t fwd_math_ = CUDNN_FMA_MATH, bwd_data_math_ = CUDNN_FMA_MATH, bwd_filter_math_ = CUDNN_FMA_MATH;
 };
 
 // The plan for a problem, created on first use and kept for the life of the program.
