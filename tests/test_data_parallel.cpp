@@ -793,40 +793,30 @@ class DeviceOnlyGroup : public dist::ProcessGroup {
   std::string backend_name() const override { return "device-only"; }
   Device device() const override { return dev_; }
   std::shared_ptr<dist::Work> all_reduce_async(AnyTensor& t, dist::ReduceOp op) override {
-    check(t);
-    AnyTensor h = t.to(Device::cpu());
-    inner_.all_reduce(h, op);
-    t.copy_(h.to(dev_));
-    return std::make_shared<dist::CompletedWork>();
+    return on_host(t, t, [&](AnyTensor& h) { inner_.all_reduce(h, op); });
   }
   std::shared_ptr<dist::Work> broadcast_async(AnyTensor& t, int root) override {
-    check(t);
-    AnyTensor h = t.to(Device::cpu());
-    inner_.broadcast(h, root);
-    t.copy_(h.to(dev_));
-    return std::make_shared<dist::CompletedWork>();
+    return on_host(t, t, [&](AnyTensor& h) { inner_.broadcast(h, root); });
   }
   std::shared_ptr<dist::Work> reduce_scatter_async(AnyTensor& out, const AnyTensor& in, dist::ReduceOp op) override {
-    check(out);
-    check(in);
-    AnyTensor h = out.to(Device::cpu());
-    inner_.reduce_scatter(h, in.to(Device::cpu()), op);
-    out.copy_(h.to(dev_));
-    return std::make_shared<dist::CompletedWork>();
+    return on_host(out, in, [&](AnyTensor& h) { inner_.reduce_scatter(h, in.to(Device::cpu()), op); });
   }
   std::shared_ptr<dist::Work> all_gather_async(AnyTensor& out, const AnyTensor& in) override {
-    check(out);
-    check(in);
-    AnyTensor h = out.to(Device::cpu());
-    inner_.all_gather(h, in.to(Device::cpu()));
-    out.copy_(h.to(dev_));
-    return std::make_shared<dist::CompletedWork>();
+    return on_host(out, in, [&](AnyTensor& h) { inner_.all_gather(h, in.to(Device::cpu())); });
   }
   void barrier() override { inner_.barrier(); }
 
  private:
-  void check(const AnyTensor& t) const {
-    EMBER_CHECK(t.device() == dev_, DeviceError, "DeviceOnlyGroup: ", t.desc(), " is not on ", dev_.str());
+  // Checks both tensors are on the group's device, runs `collective` on a host copy of `out`, and
+  // copies the result back.
+  template <class F>
+  std::shared_ptr<dist::Work> on_host(AnyTensor& out, const AnyTensor& in, F collective) {
+    for (const AnyTensor* t : {static_cast<const AnyTensor*>(&out), &in})
+      EMBER_CHECK(t->device() == dev_, DeviceError, "DeviceOnlyGroup: ", t->desc(), " is not on ", dev_.str());
+    AnyTensor h = out.to(Device::cpu());
+    collective(h);
+    out.copy_(h.to(dev_));
+    return std::make_shared<dist::CompletedWork>();
   }
   dist::ThreadProcessGroup& inner_;
   Device dev_;

@@ -69,25 +69,19 @@ class ConvPlan {
     {
       cudnnConvolutionFwdAlgoPerf_t perf[kMax];
       EMBER_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, kMax, &got, perf));
-      fwd_ = pick(perf, got).algo;
-      fwd_math_ = math_for(pick(perf, got).mathType);
-      use_math(fwd_math_);
+      choose(perf, got, fwd_, fwd_math_);
       EMBER_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, fwd_, &fwd_ws_));
     }
     {
       cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
       EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, kMax, &got, perf));
-      bwd_data_ = pick(perf, got).algo;
-      bwd_data_math_ = math_for(pick(perf, got).mathType);
-      use_math(bwd_data_math_);
+      choose(perf, got, bwd_data_, bwd_data_math_);
       EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_, y_, conv_, x_, bwd_data_, &bwd_data_ws_));
     }
     {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
       EMBER_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, kMax, &got, perf));
-      bwd_filter_ = pick(perf, got).algo;
-      bwd_filter_math_ = math_for(pick(perf, got).mathType);
-      use_math(bwd_filter_math_);
+      choose(perf, got, bwd_filter_, bwd_filter_math_);
       EMBER_CUDNN_CHECK(
           cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_, bwd_filter_, &bwd_filter_ws_));
     }
@@ -133,11 +127,17 @@ class ConvPlan {
   cudnnMathType_t math_for(cudnnMathType_t reported) const { return half_precision_ ? reported : CUDNN_FMA_MATH; }
   void use_math(cudnnMathType_t m) { EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, m)); }
 
-  // The fastest successful algorithm within the workspace limit (the list is sorted by speed).
-  template <class Perf>
-  static const Perf& pick(const Perf* perf, int n) {
+  // The fastest successful algorithm within the workspace limit (the list is sorted by speed), and
+  // its math type, set on the descriptor for the workspace query that follows.
+  template <class Perf, class Algo>
+  void choose(const Perf* perf, int n, Algo& algo, cudnnMathType_t& math) {
     for (int i = 0; i < n; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) return perf[i];
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) {
+        algo = perf[i].algo;
+        math = math_for(perf[i].mathType);
+        use_math(math);
+        return;
+      }
     throw CudnnError("conv2d: cuDNN found no algorithm for this convolution");
   }
 
