@@ -47,14 +47,14 @@
 #include "ember/ops/reduce.hpp"
 
 #if EMBER_BENCH_MPI
-#include "ember/dist/mpi.hpp"
+#include "ember/distributed/mpi.hpp"
 #endif
 
 #if EMBER_BENCH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "ember/dist/nccl.hpp"
+#include "ember/distributed/nccl.hpp"
 #endif
 
 using namespace ember;

@@ -37,8 +37,8 @@
 #include <thread>
 #include <vector>
 
-#include <ember/dist/data_parallel.hpp>
-#include <ember/dist/mpi.hpp>
+#include <ember/distributed/data_parallel.hpp>
+#include <ember/distributed/mpi.hpp>
 #include <ember/ember.hpp>
 
 #include "../examples/common/openblas_env.hpp"

@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "ember/data/distributed_sampler.hpp"
-#include "ember/dist/data_parallel.hpp"
-#include "ember/dist/thread_group.hpp"
-#include "ember/dist/zero.hpp"
+#include "ember/distributed/data_parallel.hpp"
+#include "ember/distributed/thread_group.hpp"
+#include "ember/distributed/zero.hpp"
 #include "ember/ember.hpp"
 #include "pretend_gpu.hpp"
 

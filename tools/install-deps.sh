@@ -5,7 +5,9 @@
 # its CPU backend only.
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev libopenblas-dev nlohmann-json3-dev
-          zlib1g-dev python3 python3-sklearn libopenmpi-dev openmpi-bin)
+          zlib1g-dev python3 python3-sklearn libopenmpi-dev openmpi-bin
+          liblmdb-dev lmdb-utils libpng-dev libjpeg-dev dataset-fashion-mnist python3-venv
+          clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

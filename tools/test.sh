@@ -14,6 +14,10 @@ if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 
+# The Python reference packages (numpy, safetensors, tensorboard) for the interoperability tests,
+# in a virtual environment; without them those tests report themselves skipped.
+python=$(bash tools/python-env.sh | tail -n 1)
+
 build=${EMBER_BUILD_DIR:-build}
 jobs=${EMBER_JOBS:-2}
 extra=()
@@ -22,6 +26,6 @@ if [[ -n ${EMBER_CMAKE_ARGS:-} ]]; then
 fi
 
 set -x
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" &&
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DEMBER_PYTHON=$python" "${extra[@]}" &&
   cmake --build "$build" -j"$jobs" &&
   ctest --test-dir "$build" --output-on-failure -j"$jobs"

@@ -23,5 +23,5 @@
 #include "ember/optim/optim.hpp"
 #include "ember/amp/amp.hpp"
 #include "ember/train/train.hpp"
-#include "ember/dist/process_group.hpp"  // dist::MpiProcessGroup: ember/dist/mpi.hpp (link ember::mpi)
+#include "ember/distributed/process_group.hpp"  // dist::MpiProcessGroup: ember/distributed/mpi.hpp (link ember::mpi)
 #include "ember/data/distributed_sampler.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-// NCCL (host code): the include and the error check used by ember's GPU collectives (dist/).
+// NCCL (host code): the include and the error check used by ember's GPU collectives (distributed/).
 #include <nccl.h>
 
 #include <string>

@@ -50,7 +50,7 @@
 
 #include "ember/amp/grad_scaler.hpp"
 #include "ember/autograd/engine.hpp"
-#include "ember/dist/process_group.hpp"
+#include "ember/distributed/process_group.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/optim/optimizer.hpp"
 

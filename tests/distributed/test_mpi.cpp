@@ -1,5 +1,5 @@
 // Multi-process tests of dist::MpiProcessGroup (run under mpirun with 2 or 3 ranks; see
-// tests/dist/CMakeLists.txt). Every rank checks the results against what it can compute itself.
+// tests/distributed/CMakeLists.txt). Every rank checks the results against what it can compute itself.
 // Plain checks, not Catch2: every rank runs the same checks, prints the failures it sees, and the
 // program ends with one summary line per rank and a non-zero exit on any failure.
 //
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "ember/data/distributed_sampler.hpp"
-#include "ember/dist/mpi.hpp"
+#include "ember/distributed/mpi.hpp"
 
 using namespace ember;
 

@@ -27,7 +27,7 @@
 #include <functional>
 #include <memory>
 
-#include "ember/dist/process_group.hpp"
+#include "ember/distributed/process_group.hpp"
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::dist {
