@@ -12,6 +12,7 @@
 #include "ember/core/random.hpp"
 #include "ember/core/shape.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/core/trace.hpp"
 
 #include "ember/autograd/engine.hpp"
 #include "ember/autograd/grad_mode.hpp"
