@@ -178,6 +178,21 @@ class Backend {
   virtual void max_pool2d_backward(const Pool2dArgs& p, const void* gy, const int64_t* indices, void* gx) = 0;
   virtual void avg_pool2d_forward(const Pool2dArgs& p, const void* x, void* y) = 0;
   virtual void avg_pool2d_backward(const Pool2dArgs& p, const void* gy, void* gx) = 0;
+
+  // Pinned (page-locked) host memory and asynchronous uploads, for the data loader's staging
+  // ring (data/dataloader.hpp) and checkpoint staging. The CPU backend hands out ordinary aligned
+  // host memory (not counted in memory_stats) and copies at once.
+  virtual void* allocate_pinned(size_t bytes) = 0;
+  virtual void free_pinned(void* p, size_t bytes) noexcept = 0;
+  // Queues a copy of `bytes` from host memory (pinned, or the copy is not asynchronous) into
+  // device memory on the device's copy stream, after the work already queued on the compute
+  // stream (dst may be a fresh stream-ordered allocation), and makes every kernel queued later on
+  // the compute stream wait for it (an event): no host synchronisation. Returns a ticket (> 0,
+  // increasing); the host must not overwrite host_src before upload_finished(ticket).
+  virtual uint64_t upload_async(void* dst, const void* host_src, size_t bytes) = 0;
+  // True when that upload, and every earlier one, has finished reading its host buffer.
+  virtual bool upload_finished(uint64_t ticket) = 0;
+  virtual void wait_upload(uint64_t ticket) = 0;
 };
 
 namespace detail {

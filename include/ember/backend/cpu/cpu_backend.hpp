@@ -186,6 +186,22 @@ class CpuBackend : public Backend {
     });
   }
 
+  void* allocate_pinned(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + (bytes == 0 ? 64 : 0));
+    if (!p) throw OutOfMemory(::ember::detail::str_cat("out of memory on cpu: allocating ", bytes,
+                                                       " bytes of staging (pinned) host memory failed"),
+                              static_cast<int64_t>(bytes), 0, -1);
+    return p;
+  }
+  void free_pinned(void* p, size_t) noexcept override { std::free(p); }
+  // Host to host: the copy is done when the call returns.
+  uint64_t upload_async(void* dst, const void* src, size_t bytes) override {
+    copy(dst, src, bytes);
+    return upload_ticket_.fetch_add(1) + 1;
+  }
+  bool upload_finished(uint64_t) override { return true; }
+  void wait_upload(uint64_t) override {}
+
  private:
   // Floating types only; the ops check first, so another dtype here is a bug in the caller.
   template <class F>
@@ -200,6 +216,7 @@ class CpuBackend : public Backend {
   }
 
   HostAllocator alloc_;
+  std::atomic<uint64_t> upload_ticket_{0};
 };
 
 }  // namespace ember::cpu

@@ -122,7 +122,12 @@ class CudaBackend final : public Backend {
         stream_(::ember::cuda::current_stream(device)),
         alloc_(device, stream_),
         sm_count_(::ember::cuda::multiprocessor_count(device)),
-        staging_() {}
+        staging_() {
+    Guard g(device_);
+    // The copy stream of upload_async: non-blocking, never destroyed (the backend lives for the
+    // whole program).
+    EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  }
 
   Device device() const override { return Device::cuda(device_); }
 
@@ -166,6 +171,62 @@ class CudaBackend final : public Backend {
     EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may free host_src on return
   }
+  // ---- pinned host memory and uploads on the copy stream (kernel_table.hpp)
+  void* allocate_pinned(size_t bytes) override {
+    Guard g(device_);
+    void* p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw OutOfMemory(::ember::detail::str_cat("cudaHostAlloc of ", bytes, " bytes of pinned host memory failed (",
+                                                 cudaGetErrorName(e), ") for cuda:", device_),
+                        static_cast<int64_t>(bytes), 0, -1);
+    }
+    return p;
+  }
+  void free_pinned(void* p, size_t) noexcept override {
+    if (p) (void)cudaFreeHost(p);
+  }
+  uint64_t upload_async(void* dst, const void* host_src, size_t bytes) override {
+    Guard g(device_);
+    std::lock_guard<std::mutex> lock(upload_mu_);
+    retire_uploads();
+    Upload u;
+    if (!free_uploads_.empty()) {
+      u = free_uploads_.back();
+      free_uploads_.pop_back();
+    } else {
+      EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&u.ready, cudaEventDisableTiming));
+      EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
+    }
+    // copy stream after the compute stream's queued work (dst's stream-ordered allocation) ...
+    EMBER_CUDA_CHECK(cudaEventRecord(u.ready, stream_));
+    EMBER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, u.ready, 0));
+    if (bytes > 0) EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+    // ... and the compute stream's later kernels after the copy.
+    EMBER_CUDA_CHECK(cudaEventRecord(u.done, copy_stream_));
+    EMBER_CUDA_CHECK(cudaStreamWaitEvent(stream_, u.done, 0));
+    u.ticket = ++last_ticket_;
+    pending_uploads_.push_back(u);
+    return u.ticket;
+  }
+  bool upload_finished(uint64_t ticket) override {
+    Guard g(device_);
+    std::lock_guard<std::mutex> lock(upload_mu_);
+    retire_uploads();
+    return ticket <= finished_ticket_;
+  }
+  void wait_upload(uint64_t ticket) override {
+    Guard g(device_);
+    std::lock_guard<std::mutex> lock(upload_mu_);
+    for (const Upload& u : pending_uploads_)
+      if (u.ticket >= ticket) {
+        EMBER_CUDA_CHECK(cudaEventSynchronize(u.done));
+        break;
+      }
+    retire_uploads();
+  }
+
   void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
                size_t rows) override {
     if (rows == 0 || row_bytes == 0) return;
@@ -531,6 +592,31 @@ class CudaBackend final : public Backend {
   ::ember::cuda::DeviceAllocator alloc_;
   int sm_count_;
   UploadStaging staging_;
+
+  // upload_async's events: pending in ticket order (the copy stream runs them in that order).
+  struct Upload {
+    cudaEvent_t ready = nullptr;
+    cudaEvent_t done = nullptr;
+    uint64_t ticket = 0;
+  };
+  // Moves the finished uploads (a prefix of pending_uploads_) to the free list. Holds upload_mu_.
+  void retire_uploads() {
+    while (!pending_uploads_.empty()) {
+      cudaError_t q = cudaEventQuery(pending_uploads_.front().done);
+      if (q == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return;
+      }
+      ::ember::cuda::internal::check_cuda(q, "cudaEventQuery(upload)", __FILE__, __LINE__);
+      finished_ticket_ = pending_uploads_.front().ticket;
+      free_uploads_.push_back(pending_uploads_.front());
+      pending_uploads_.erase(pending_uploads_.begin());
+    }
+  }
+  cudaStream_t copy_stream_ = nullptr;
+  std::mutex upload_mu_;
+  std::vector<Upload> pending_uploads_, free_uploads_;
+  uint64_t last_ticket_ = 0, finished_ticket_ = 0;
 };
 
 }  // namespace
