@@ -129,6 +129,7 @@ class GradScaler {
 
   // Divides opt's gradients by the scale in place and records whether any was inf/NaN.
   void unscale_(optim::Optimizer& opt) {
+    trace::PhaseScope phase(trace::Phase::Optimizer);
     if (!enabled_) return;
     check_initialised("unscale_");
     OptimizerState& st = per_optimizer_[&opt];
@@ -157,6 +158,7 @@ class GradScaler {
   // Unscales (unless unscale_ was called) and runs opt.step() unless a gradient was inf/NaN.
   // Returns true when the optimizer stepped.
   bool step(optim::Optimizer& opt) {
+    trace::PhaseScope phase(trace::Phase::Optimizer);
     if (!enabled_) {
       opt.step();
       return true;
@@ -189,6 +191,7 @@ class GradScaler {
 
   // Updates the scale from the inf/NaN checks of this iteration (see the header comment).
   void update() {
+    trace::PhaseScope phase(trace::Phase::Optimizer);
     if (!enabled_) return;
     check_initialised("update");
     bool have_checks = false, found_inf = false;

@@ -8,8 +8,18 @@
 //
 //   { trace::PhaseScope phase(trace::Phase::DataWait); batch = queue.pop(); }
 //   { trace::RangeScope range("my_block"); ... }
+//
+// Ops report through op::detail::OpScope (ops/detail/common.hpp), modules through
+// nn::detail::ModuleScope (nn/module.hpp), asynchronous work measured elsewhere (a collective
+// from launch to completion) through trace::interval(). All of them end in this Listener.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <string>
+
+#include "ember/core/device.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/core/shape.hpp"
 
 namespace ember::trace {
 
@@ -38,8 +48,25 @@ inline const char* phase_name(Phase p) {
   return "unknown";
 }
 
+// One input of an op, as the profiler records it.
+struct OpInput {
+  DType dtype = DType::Float32;
+  Device device;
+  Shape shape;
+};
+inline constexpr int kMaxOpInputs = 4;  // inputs past the fourth are not recorded
+
+// Monotonic nanoseconds (steady clock), the time base of every trace event.
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // What a profiler implements. Called on the thread that runs the scope; implementations must be
-// thread-safe. Names are string literals or strings that outlive the call only: copy them.
+// thread-safe. Names are string literals or strings that outlive the call only: copy them
+// (op names passed to op_begin are string literals and may be kept by pointer).
+// A Listener must outlive every scope that saw it installed (a scope keeps the pointer it found
+// at construction): profile::Profiler installs one object that lives until the program exits.
 class Listener {
  public:
   virtual ~Listener() = default;
@@ -47,6 +74,18 @@ class Listener {
   virtual void phase_end(Phase phase) = 0;
   virtual void range_begin(const char* name) = 0;
   virtual void range_end(const char* name) = 0;
+  // An op: name (a string literal), its first inputs (n <= kMaxOpInputs).
+  virtual void op_begin(const char* name, const OpInput* inputs, int n) {}
+  virtual void op_end(const char* name) {}
+  // A node of the autograd graph running its backward (the engine's loop), named by the node;
+  // it ends with op_end(nullptr).
+  virtual void backward_op_begin(const std::string& node_name, const OpInput* inputs, int n) {}
+  // A module's forward. `module` identifies it (a nested scope of the same module is the same
+  // call); local_name is its name in its parent ("" for a root), type_name its class.
+  virtual void module_begin(const void* module, const std::string& local_name, const std::string& type_name) {}
+  virtual void module_end(const void* module) {}
+  // Work that ran outside this thread's scopes, measured by its owner (times from now_ns()).
+  virtual void interval(Phase phase, const char* name, int64_t begin_ns, int64_t end_ns) {}
 };
 
 inline std::atomic<Listener*>& listener_slot() {
@@ -54,6 +93,21 @@ inline std::atomic<Listener*>& listener_slot() {
   return slot;
 }
 inline Listener* active_listener() { return listener_slot().load(std::memory_order_acquire); }
+
+inline void interval(Phase phase, const char* name, int64_t begin_ns, int64_t end_ns) {
+  if (Listener* l = active_listener()) [[unlikely]] l->interval(phase, name, begin_ns, end_ns);
+}
+
+// Annotation ranges for an external tool (NVTX for Nsight Systems): the CUDA unit fills these in
+// at start-up when it is linked; the profiler calls them around ops, modules and phases.
+struct ExternalRanges {
+  void (*push)(const char* name) = nullptr;
+  void (*pop)() = nullptr;
+};
+inline ExternalRanges& external_ranges() {
+  static ExternalRanges r;
+  return r;
+}
 
 class PhaseScope {
  public:

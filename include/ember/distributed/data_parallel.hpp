@@ -212,6 +212,8 @@ class DataParallel {
     int pending = 0;
     bool launched = false, dirty = false;
     std::shared_ptr<Work> work;
+    int64_t launch_ns = 0;  // for the profiler: when the all_reduce started
+    bool timed = false;     // its interval has been reported
   };
 
   struct State {
@@ -249,7 +251,17 @@ class DataParallel {
     void launch(Bucket& b) {
       fill_flat(b);
       b.launched = true;
+      b.timed = false;
+      b.launch_ns = trace::now_ns();
       b.work = group->all_reduce_async(b.flat, ReduceOp::Avg);
+    }
+    // Reports a finished all_reduce to the profiler, from its launch to when it was seen done
+    // (a poll during backward or the wait at its end): the total communication time, of which the
+    // Communication phase around the waits is the part not hidden behind backward.
+    static void report_done(Bucket& b) {
+      if (b.timed) return;
+      b.timed = true;
+      trace::interval(trace::Phase::Communication, "all_reduce", b.launch_ns, trace::now_ns());
     }
     void reset() {
       ready.assign(ready.size(), false);
@@ -274,7 +286,7 @@ class DataParallel {
       // MPI_THREAD_MULTIPLE) these polls are the only MPI calls during backward, without which a
       // bucket's reduction would wait for the end of backward.
       for (Bucket& other : buckets)
-        if (other.launched && other.work) other.work->is_completed();
+        if (other.launched && other.work && other.work->is_completed()) report_done(other);
       Bucket& b = buckets[bucket_of[i]];
       if (ready[i]) {
         if (b.launched) {
@@ -319,10 +331,16 @@ class DataParallel {
       for (Bucket& b : buckets)
         if (!b.launched) launch(b);
       for (Bucket& b : buckets) {
-        b.work->wait();
-        if (b.dirty) {
-          fill_flat(b);
-          group->all_reduce(b.flat, ReduceOp::Avg);
+        {
+          trace::PhaseScope exposed(trace::Phase::Communication);  // the training thread waits
+          b.work->wait();
+          report_done(b);
+          if (b.dirty) {
+            const int64_t t0 = trace::now_ns();
+            fill_flat(b);
+            group->all_reduce(b.flat, ReduceOp::Avg);
+            trace::interval(trace::Phase::Communication, "all_reduce", t0, trace::now_ns());
+          }
         }
         for (size_t k = 0; k < b.params.size(); ++k) {
           AnyTensor& p = params[b.params[k]];

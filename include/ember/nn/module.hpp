@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ember/amp/autocast.hpp"
+#include "ember/core/trace.hpp"
 #include "ember/ops/ops.hpp"
 
 namespace ember::nn {
@@ -60,6 +61,7 @@ class Module {
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     check_new_name(name);
     EMBER_CHECK(module != nullptr, ValueError, type_name(), ": submodule '", name, "' is null");
+    module->module_name_ = name;  // what the profiler's dotted module names are made of
     children_.emplace_back(name, module);
     return module;
   }
@@ -81,6 +83,8 @@ class Module {
     return out;
   }
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  // The name this module was registered under in its parent ("" for a root).
+  const std::string& module_name() const { return module_name_; }
   int64_t parameter_count() const {
     int64_t n = 0;
     for (auto& p : parameters()) n += p.numel();
@@ -202,8 +206,29 @@ class Module {
   std::vector<std::pair<std::string, AnyTensor>> params_;
   std::vector<std::pair<std::string, AnyTensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::string module_name_;
   bool training_ = true;
 };
+
+namespace detail {
+// The profiler's hook into module calls: the profiler builds dotted names ("layers.3.attn") from
+// the nesting of these scopes; a scope of the module already innermost is the same call.
+class ModuleScope {
+ public:
+  explicit ModuleScope(const Module& m) : module_(&m), listener_(trace::active_listener()) {
+    if (listener_) [[unlikely]] listener_->module_begin(module_, m.module_name(), m.type_name());
+  }
+  ~ModuleScope() {
+    if (listener_) [[unlikely]] listener_->module_end(module_);
+  }
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  const Module* module_;
+  trace::Listener* listener_;
+};
+}  // namespace detail
 
 // CRTP base that gives a module with `template <class T> Tensor<T> forward(const Tensor<T>&)`
 // an untyped forward (for containers) and operator().
@@ -211,6 +236,7 @@ template <class Derived>
 class ModuleBase : public Module {
  public:
   AnyTensor forward_any(const AnyTensor& x) override {
+    detail::ModuleScope scope(*this);
     switch (x.dtype()) {
       case DType::Float32: return self().forward(Tensor<float>(x));
       case DType::Float64: return self().forward(Tensor<double>(x));
@@ -222,6 +248,7 @@ class ModuleBase : public Module {
   }
   template <Element T>
   auto operator()(const Tensor<T>& x) {
+    detail::ModuleScope scope(*this);
     return self().forward(x);
   }
 

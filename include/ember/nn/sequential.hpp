@@ -31,6 +31,7 @@ class Sequential : public Module {
   const std::vector<std::shared_ptr<Module>>& layers() const { return layers_; }
 
   AnyTensor forward_any(const AnyTensor& x) override {
+    detail::ModuleScope scope(*this);
     AnyTensor h = x;
     for (auto& l : layers_) h = l->forward_any(h);
     return h;

@@ -77,7 +77,11 @@ class TransformerBlock : public ModuleBase<TransformerBlock> {
     Tensor<T> h = (*ln_1)(x);
     AttentionMask mask;
     mask.is_causal = opt_.is_causal;
-    Tensor<T> a = attn->forward(h, mask);
+    Tensor<T> a;
+    {
+      detail::ModuleScope scope(*attn);  // a call past operator(): tell the profiler
+      a = attn->forward(h, mask);
+    }
     Tensor<T> y = x + (*resid_dropout)(a);
     return y + (*mlp)((*ln_2)(y));
   }

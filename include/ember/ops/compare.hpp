@@ -12,6 +12,7 @@ namespace ember::op {
 inline AnyTensor compare(CompareOp cop, const AnyTensor& a, const AnyTensor& b) {
   static const char* names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
   const char* name = names[static_cast<int>(cop)];
+  detail::OpScope op_scope(name, a, b);
   detail::check_defined(name, a, "first input");
   detail::check_defined(name, b, "second input");
   detail::check_same_device(name, a, b);
@@ -49,6 +50,7 @@ inline AnyTensor ge(const AnyTensor& a, const AnyTensor& b) { return compare(Com
 
 // cond (uint8, broadcast) ? a : b; the gradient of each branch is masked and summed to its shape.
 inline AnyTensor where(const AnyTensor& cond, const AnyTensor& a, const AnyTensor& b) {
+  detail::OpScope op_scope("where", cond, a, b);
   detail::check_defined("where", cond, "condition");
   detail::check_defined("where", a, "first input");
   detail::check_defined("where", b, "second input");

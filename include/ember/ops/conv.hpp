@@ -42,6 +42,7 @@ inline Conv2dArgs conv_args(const AnyTensor& x, const AnyTensor& w, const Conv2d
 
 inline AnyTensor conv2d(const AnyTensor& x, const AnyTensor& weight, const AnyTensor& bias = AnyTensor(),
                         const Conv2dOptions& o = {}) {
+  detail::OpScope op_scope("conv2d", x, weight, bias);
   detail::check_defined("conv2d", x);
   detail::check_defined("conv2d", weight, "weight");
   detail::check_same_device("conv2d", x, weight);

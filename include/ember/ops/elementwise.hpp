@@ -63,6 +63,7 @@ inline AnyTensor binary_raw(BinaryOp op, const AnyTensor& a, const AnyTensor& b,
 // y = op(x; a, b), recorded with its derivative from math::unary_derivative.
 inline AnyTensor unary(UnaryOp op, const AnyTensor& x, double a = 0.0, double b = 0.0) {
   const char* name = detail::unary_name(op);
+  detail::OpScope op_scope(name, x);
   detail::check_defined(name, x);
   EMBER_CHECK(is_floating(x.dtype()) || detail::integer_ok(op), DTypeError, name,
               ": needs a floating-point tensor, got ", x.desc());
@@ -128,6 +129,7 @@ inline const char* binary_name(BinaryOp op) {
 // out = a op b with broadcasting; gradients are summed back down to each input's shape.
 inline AnyTensor binary(BinaryOp op, const AnyTensor& a, const AnyTensor& b) {
   const char* name = detail::binary_name(op);
+  detail::OpScope op_scope(name, a, b);
   detail::check_defined(name, a, "first input");
   detail::check_defined(name, b, "second input");
   detail::check_same_device(name, a, b);

@@ -35,6 +35,7 @@ inline void check_index_range(const char* op, const AnyTensor& idx, int64_t n, c
 }  // namespace detail
 
 inline AnyTensor index_select(const AnyTensor& x, int dim, const AnyTensor& index) {
+  detail::OpScope op_scope("index_select", x, index);
   detail::check_defined("index_select", x);
   detail::check_defined("index_select", index, "index");
   detail::check_index_dtype("index_select", index);
@@ -72,6 +73,7 @@ inline AnyTensor index_select(const AnyTensor& x, int dim, const AnyTensor& inde
 
 // Rows of `weight` [num_embeddings, dim] picked by `indices` of any shape: result indices.shape + [dim].
 inline AnyTensor embedding(const AnyTensor& weight, const AnyTensor& indices) {
+  detail::OpScope op_scope("embedding", weight, indices);
   detail::check_defined("embedding", weight, "weight");
   detail::check_defined("embedding", indices, "indices");
   EMBER_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be [num_embeddings, dim], got ", weight.desc());
@@ -88,6 +90,7 @@ inline AnyTensor embedding(const AnyTensor& weight, const AnyTensor& indices) {
 // torch.gather: out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`; index has x's rank
 // and x's sizes in every other dimension.
 inline AnyTensor gather(const AnyTensor& x, int dim, const AnyTensor& index) {
+  detail::OpScope op_scope("gather", x, index);
   detail::check_defined("gather", x);
   detail::check_defined("gather", index, "index");
   detail::check_index_dtype("gather", index);

@@ -69,6 +69,7 @@ inline AnyTensor mm(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
 }  // namespace detail
 
 inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = false, bool trans_b = false) {
+  detail::OpScope op_scope("matmul", a, b);
   detail::check_defined("matmul", a, "first input");
   detail::check_defined("matmul", b, "second input");
   detail::check_same_device("matmul", a, b);

@@ -52,6 +52,7 @@ inline Pool2dArgs pool_args(const char* op, const AnyTensor& x, const Pool2dOpti
 }  // namespace detail
 
 inline AnyTensor max_pool2d(const AnyTensor& x, const Pool2dOptions& o = {}) {
+  detail::OpScope op_scope("max_pool2d", x);
   Pool2dArgs p = detail::pool_args("max_pool2d", x, o);
   AnyTensor y = AnyTensor::empty({p.n, p.c, p.out_h, p.out_w}, x.dtype(), x.device());
   AnyTensor idx = AnyTensor::empty(y.shape(), DType::Int64, x.device());
@@ -68,6 +69,7 @@ inline AnyTensor max_pool2d(const AnyTensor& x, const Pool2dOptions& o = {}) {
 
 namespace detail {
 inline AnyTensor avg_pool_impl(const char* name, const AnyTensor& x, const Pool2dArgs& p) {
+  detail::OpScope op_scope(name, x);
   AnyTensor y = AnyTensor::empty({p.n, p.c, p.out_h, p.out_w}, x.dtype(), x.device());
   if (y.numel() > 0) x.backend().avg_pool2d_forward(p, x.data_ptr(), y.data_ptr());
   autograd::record(name, {x}, {y}, [p](const std::vector<AnyTensor>& g) {

@@ -57,6 +57,7 @@ inline AnyTensor reduce_raw(ReduceOp op, const AnyTensor& x, const std::vector<i
 
 inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
   const char* name = detail::reduce_name(op);
+  detail::OpScope op_scope(name, x);
   detail::check_defined(name, x);
   std::vector<int> rd = detail::reduce_dims(name, x, dims);
   if (op != ReduceOp::Sum) {

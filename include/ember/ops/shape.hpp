@@ -9,6 +9,7 @@
 namespace ember::op {
 
 inline AnyTensor permute(const AnyTensor& x, const std::vector<int>& perm) {
+  detail::OpScope op_scope("permute", x);
   detail::check_defined("permute", x);
   EMBER_CHECK(static_cast<int>(perm.size()) == x.dim(), ShapeError, "permute: ", perm.size(),
               " dimensions given for ", x.desc());
@@ -54,6 +55,7 @@ inline AnyTensor transpose(const AnyTensor& x, int d0 = -2, int d1 = -1) {
 
 // x broadcast (materialised) to `shape`; the gradient is summed back.
 inline AnyTensor expand(const AnyTensor& x, const Shape& shape) {
+  detail::OpScope op_scope("expand", x);
   detail::check_defined("expand", x);
   Shape b = detail::broadcast_shapes("expand", x.shape(), shape);
   EMBER_CHECK(b == shape, ShapeError, "expand: ", x.desc(), " cannot be expanded to ", shape.str());
@@ -111,6 +113,7 @@ inline void outer_inner(const Shape& s, int d, int64_t& outer, int64_t& inner) {
 inline std::vector<AnyTensor> split(const AnyTensor& x, const std::vector<int64_t>& sizes, int dim = 0);
 
 inline AnyTensor concat(const std::vector<AnyTensor>& xs, int dim = 0) {
+  detail::OpScopeList op_scope("concat", xs);
   EMBER_CHECK(!xs.empty(), ValueError, "concat: no tensors given");
   for (const auto& t : xs) detail::check_defined("concat", t);
   const AnyTensor& first = xs[0];
@@ -150,6 +153,7 @@ inline AnyTensor concat(const std::vector<AnyTensor>& xs, int dim = 0) {
 }
 
 inline std::vector<AnyTensor> split(const AnyTensor& x, const std::vector<int64_t>& sizes, int dim) {
+  detail::OpScope op_scope("split", x);
   detail::check_defined("split", x);
   int d = normalize_dim(dim, x.dim(), "split");
   int64_t total = 0;

@@ -24,6 +24,7 @@ inline AnyTensor softmax_last(const AnyTensor& x, bool log) {
 }
 
 inline AnyTensor softmax_dim(const char* name, const AnyTensor& x, int dim, bool log) {
+  OpScope op_scope(name, x);
   check_defined(name, x);
   check_floating(name, x);
   if (x.dim() == 0) return softmax_last(x, log);

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/core/trace.hpp"
 #include "ember/ops/ops.hpp"
 
 namespace ember::optim {

@@ -40,6 +40,7 @@ class RMSprop : public Optimizer {
   }
 
   void step() override {
+    trace::PhaseScope phase(trace::Phase::Optimizer);  // the profiler's optimizer phase
     NoGradGuard no_grad;
     for (ParamGroup& group : groups_) {
       const Hyperparams& h = group.options;

@@ -5,6 +5,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ember/core/trace.hpp"
+
 namespace ember::autograd {
 
 namespace detail {
@@ -39,6 +41,22 @@ inline void check_gradient(const Node& node, size_t i, const AnyTensor& g) {
 inline std::vector<std::function<void()>>*& current_backward_callbacks() {
   thread_local std::vector<std::function<void()>>* list = nullptr;
   return list;
+}
+
+// A node's backward as an op of the profile, named after the node ("mul_backward"), with the
+// gradients it receives as inputs.
+inline void apply_traced(trace::Listener& tl, Node& node, std::vector<AnyTensor>&& gouts,
+                         std::vector<AnyTensor>& gins) {
+  trace::OpInput in[trace::kMaxOpInputs];
+  int n = 0;
+  for (const AnyTensor& g : gouts)
+    if (n < trace::kMaxOpInputs && g.defined()) in[n++] = trace::OpInput{g.dtype(), g.device(), g.shape()};
+  tl.backward_op_begin(node.name(), in, n);
+  struct End {
+    trace::Listener& tl;
+    ~End() { tl.op_end(nullptr); }
+  } end{tl};
+  gins = node.apply(std::move(gouts));
 }
 }  // namespace detail
 
@@ -81,6 +99,7 @@ inline void backward(const std::vector<AnyTensor>& roots, const std::vector<AnyT
                      bool retain_graph = false) {
   EMBER_CHECK(roots.size() == grads.size(), AutogradError, "backward: ", roots.size(), " roots but ",
               grads.size(), " gradients");
+  trace::PhaseScope phase(trace::Phase::Backward);  // the profiler's backward phase
   NoGradGuard no_grad;  // backward functions run untaped
   std::vector<std::function<void()>> callbacks;
   auto* outer_callbacks = detail::current_backward_callbacks();
@@ -155,7 +174,12 @@ inline void backward(const std::vector<AnyTensor>& roots, const std::vector<AnyT
         gouts[i] = AnyTensor::zeros(m.shape, m.dtype, m.device);
       }
     }
-    std::vector<AnyTensor> gins = node->apply(std::move(gouts));
+    std::vector<AnyTensor> gins;
+    if (trace::Listener* tl = trace::active_listener()) [[unlikely]] {
+      detail::apply_traced(*tl, *node, std::move(gouts), gins);
+    } else {
+      gins = node->apply(std::move(gouts));
+    }
     if (!retain_graph) node->release();
     for (size_t i = 0; i < node->next.size(); ++i) {
       const Edge& e = node->next[i];

@@ -3,11 +3,71 @@
 // the op, shapes, dtypes and devices (DESIGN.md decision 8), NumPy broadcasting, and the two
 // broadcasting adjoints (expand a gradient up, sum a gradient down).
 #include <algorithm>
+#include <initializer_list>
 #include <vector>
 
 #include "ember/core/tensor.hpp"
+#include "ember/core/trace.hpp"
 
 namespace ember::op::detail {
+
+// The profiler's hook into every op (DESIGN.md decision 13): each public op opens one of these
+// first, with its name (a string literal) and inputs. With no profiler listening it costs one
+// load and one predictable branch; the inputs are read only when one listens.
+class OpScope {
+ public:
+  template <class... Ts>
+  explicit OpScope(const char* name, const Ts&... inputs) : listener_(trace::active_listener()) {
+    if (listener_) [[unlikely]] begin(name, {&inputs...});
+  }
+  ~OpScope() {
+    if (listener_) [[unlikely]] listener_->op_end(name_);
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  [[gnu::noinline]] void begin(const char* name, std::initializer_list<const AnyTensor*> inputs) {
+    name_ = name;
+    trace::OpInput in[trace::kMaxOpInputs];
+    int n = 0;
+    for (const AnyTensor* t : inputs) {
+      if (n == trace::kMaxOpInputs) break;
+      if (!t->defined()) continue;
+      in[n++] = trace::OpInput{t->dtype(), t->device(), t->shape()};
+    }
+    listener_->op_begin(name, in, n);
+  }
+  trace::Listener* listener_;
+  const char* name_ = nullptr;
+};
+// An op over a list of tensors (concat): the first kMaxOpInputs are recorded.
+class OpScopeList {
+ public:
+  OpScopeList(const char* name, const std::vector<AnyTensor>& inputs) : listener_(trace::active_listener()) {
+    if (listener_) [[unlikely]] begin(name, inputs);
+  }
+  ~OpScopeList() {
+    if (listener_) [[unlikely]] listener_->op_end(name_);
+  }
+  OpScopeList(const OpScopeList&) = delete;
+  OpScopeList& operator=(const OpScopeList&) = delete;
+
+ private:
+  [[gnu::noinline]] void begin(const char* name, const std::vector<AnyTensor>& inputs) {
+    name_ = name;
+    trace::OpInput in[trace::kMaxOpInputs];
+    int n = 0;
+    for (const AnyTensor& t : inputs) {
+      if (n == trace::kMaxOpInputs) break;
+      if (t.defined()) in[n++] = trace::OpInput{t.dtype(), t.device(), t.shape()};
+    }
+    listener_->op_begin(name, in, n);
+  }
+  trace::Listener* listener_;
+  const char* name_ = nullptr;
+};
+
 
 inline void check_defined(const char* op, const AnyTensor& t, const char* what = "input") {
   EMBER_CHECK(t.defined(), ValueError, op, ": ", what, " is an undefined tensor");

@@ -1,0 +1,537 @@
+// profile::Profiler: op records (names, calls, input shapes), nesting and self time, dotted module
+// names, phases adding up to the step, memory per scope, the Chrome trace parsed back (also after
+// an exception and with a range left open on another thread), key_averages sorting, the
+// step report, the verdict rules on synthetic figures, and misuse errors.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <ember/ember.hpp>
+#include <ember/profile/profiler.hpp>
+
+using namespace ember;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Block : nn::ModuleBase<Block> {
+  std::shared_ptr<nn::Linear> fc;
+  Block(int64_t n) { fc = register_module("fc", std::make_shared<nn::Linear>(n, n)); }
+  std::string type_name() const override { return "Block"; }
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    return relu((*fc)(x));
+  }
+};
+
+struct Net : nn::ModuleBase<Net> {
+  std::shared_ptr<nn::Sequential> layers;
+  std::shared_ptr<nn::Linear> head;
+  Net() {
+    layers = register_module("layers", std::make_shared<nn::Sequential>());
+    layers->push_back(std::make_shared<Block>(8));
+    layers->push_back(std::make_shared<Block>(8));
+    head = register_module("head", std::make_shared<nn::Linear>(8, 2));
+  }
+  std::string type_name() const override { return "Net"; }
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    return (*head)((*layers)(x));
+  }
+};
+
+std::vector<const profile::Event*> named(const profile::Profiler& p, const std::string& name) {
+  std::vector<const profile::Event*> out;
+  for (const auto& e : p.events())
+    if (e.name == name) out.push_back(&e);
+  return out;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("ember_test_profiler_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  REQUIRE(f.good());
+  return nlohmann::json::parse(f);  // throws (fails the test) on invalid JSON
+}
+
+}  // namespace
+
+TEST_CASE("profiler: off by default, no listener and nothing recorded", "[profile]") {
+  REQUIRE(trace::active_listener() == nullptr);
+  profile::Profiler p;
+  REQUIRE_FALSE(p.is_recording());
+  Tensor<float> a = Tensor<float>::ones({2, 3});
+  (void)relu(a);
+  REQUIRE(p.events().empty());
+  REQUIRE(p.key_averages().size() == 0);
+}
+
+TEST_CASE("profiler: ops with calls, input shapes and dtypes, grouped by shapes", "[profile]") {
+  profile::Profiler p;
+  Tensor<float> a = Tensor<float>::ones({4, 8}), b = Tensor<float>::ones({8, 5}), c = Tensor<float>::ones({3, 8});
+  p.start();
+  REQUIRE(trace::active_listener() != nullptr);
+  for (int i = 0; i < 3; ++i) (void)matmul(a, b);
+  (void)matmul(c, b);
+  (void)relu(a);
+  p.stop();
+  REQUIRE(trace::active_listener() == nullptr);
+  auto ka = p.key_averages();
+  const profile::KeyAverage* mm = ka.find("matmul");
+  REQUIRE(mm != nullptr);
+  CHECK(mm->calls == 4);
+  CHECK(mm->kind == profile::EventKind::Op);
+  CHECK(mm->total_ns >= mm->self_ns);
+  REQUIRE(ka.find("relu") != nullptr);
+  CHECK(ka.find("relu")->calls == 1);
+  auto by_shape = p.key_averages(/*group_by_input_shapes=*/true);
+  const auto* g1 = by_shape.find("matmul", "[[4, 8], [8, 5]]");
+  const auto* g2 = by_shape.find("matmul", "[[3, 8], [8, 5]]");
+  REQUIRE(g1 != nullptr);
+  REQUIRE(g2 != nullptr);
+  CHECK(g1->calls == 3);
+  CHECK(g2->calls == 1);
+  // Events carry the device of their first input.
+  CHECK(named(p, "matmul").at(0)->device == Device::cpu());
+  // The table names them and its columns.
+  std::string t = by_shape.table(profile::SortBy::Calls);
+  CHECK_THAT(t, Contains("Self host") && Contains("Calls") && Contains("matmul") && Contains("[[4, 8], [8, 5]]"));
+  // Sorted by calls: the 3-call matmul row comes first.
+  by_shape.sort(profile::SortBy::Calls);
+  CHECK(by_shape.rows().at(0).calls == 3);
+}
+
+TEST_CASE("profiler: nested ranges and ops, self time is total minus children", "[profile]") {
+  profile::Profiler p;
+  Tensor<float> a = Tensor<float>::ones({64, 64});
+  p.start();
+  {
+    profile::Range outer("outer");
+    {
+      profile::Range inner(std::string("inner"));
+      (void)matmul(a, a);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    (void)exp(a);
+  }
+  p.stop();
+  auto outer = named(p, "outer"), inner = named(p, "inner"), mm = named(p, "matmul"), ex = named(p, "exp");
+  REQUIRE(outer.size() == 1);
+  REQUIRE(inner.size() == 1);
+  REQUIRE(mm.size() == 1);
+  REQUIRE(ex.size() == 1);
+  // Nesting: depth and containment.
+  CHECK(inner[0]->depth == outer[0]->depth + 1);
+  CHECK(mm[0]->depth == inner[0]->depth + 1);
+  CHECK(inner[0]->begin_ns >= outer[0]->begin_ns);
+  CHECK(inner[0]->end_ns <= outer[0]->end_ns);
+  CHECK(mm[0]->begin_ns >= inner[0]->begin_ns);
+  CHECK(mm[0]->end_ns <= inner[0]->end_ns);
+  // Self time: exact arithmetic on the recorded integers.
+  CHECK(outer[0]->self_ns == outer[0]->duration_ns() - inner[0]->duration_ns() - ex[0]->duration_ns());
+  CHECK(inner[0]->self_ns == inner[0]->duration_ns() - mm[0]->duration_ns());
+  CHECK(inner[0]->self_ns >= 2'000'000);  // the sleep is the inner range's own time
+  CHECK(mm[0]->self_ns == mm[0]->duration_ns());
+}
+
+TEST_CASE("profiler: dotted module names from the module tree", "[profile]") {
+  Net net;
+  Tensor<float> x = Tensor<float>::ones({3, 8});
+  profile::Profiler p;
+  p.start();
+  (void)net(x);
+  (void)net(x);
+  p.stop();
+  auto ka = p.key_averages();
+  for (const char* name : {"Net", "layers (Sequential)", "layers.0 (Block)", "layers.1 (Block)", "layers.0.fc (Linear)",
+                           "layers.1.fc (Linear)", "head (Linear)"}) {
+    INFO(name);
+    const auto* r = ka.find(name);
+    REQUIRE(r != nullptr);
+    CHECK(r->kind == profile::EventKind::Module);
+    CHECK(r->calls == 2);  // operator() and forward of the same call count once
+  }
+  // Nesting: a block's linear inside the block, inside layers, inside the net.
+  auto fc = named(p, "layers.1.fc (Linear)");
+  auto blk = named(p, "layers.1 (Block)");
+  REQUIRE(fc.size() == 2);
+  REQUIRE(blk.size() == 2);
+  CHECK(fc[0]->depth == blk[0]->depth + 1);
+  CHECK(fc[0]->begin_ns >= blk[0]->begin_ns);
+  CHECK(fc[0]->end_ns <= blk[0]->end_ns);
+  // A module's ops nest inside it: the matmul of head's linear.
+  const auto* head = named(p, "head (Linear)").at(0);
+  bool op_inside = false;
+  for (const auto& e : p.events())
+    if (e.kind == profile::EventKind::Op && e.begin_ns >= head->begin_ns && e.end_ns <= head->end_ns &&
+        e.depth > head->depth)
+      op_inside = true;
+  CHECK(op_inside);
+}
+
+TEST_CASE("profiler: phases of a training step add up to the step", "[profile]") {
+  Net net;
+  optim::SGD opt(net.parameters(), {.lr = 0.01});
+  Tensor<float> x = Tensor<float>::randn({16, 8}), y = Tensor<float>::randn({16, 2});
+  profile::Profiler p;
+  p.start();
+  for (int step = 0; step < 3; ++step) {
+    {
+      trace::PhaseScope wait(trace::Phase::DataWait);
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+    opt.zero_grad();
+    Tensor<float> loss = nn::functional::mse_loss(net(x), y);
+    loss.backward();
+    opt.step();
+    p.step(16);
+  }
+  p.stop();
+  REQUIRE(p.steps().size() == 3);
+  for (const auto& s : p.steps()) {
+    int64_t sum = s.rest_ns;
+    for (int64_t v : s.phase_ns) sum += v;
+    CHECK(sum == s.duration_ns());  // exclusive phases plus the rest: the whole step, to the nanosecond
+    CHECK(s.phase_ns[static_cast<size_t>(trace::Phase::DataWait)] >= 3'000'000);
+    CHECK(s.phase_ns[static_cast<size_t>(trace::Phase::Forward)] > 0);
+    CHECK(s.phase_ns[static_cast<size_t>(trace::Phase::Backward)] > 0);
+    CHECK(s.phase_ns[static_cast<size_t>(trace::Phase::Optimizer)] > 0);
+    CHECK(s.samples == 16);
+  }
+  // Steps follow each other.
+  CHECK(p.steps()[1].begin_ns == p.steps()[0].end_ns);
+  // Backward nodes appear as ops of their own.
+  auto ka = p.key_averages();
+  REQUIRE(ka.find("matmul_backward") != nullptr);
+  CHECK(ka.find("matmul_backward")->kind == profile::EventKind::BackwardOp);
+  CHECK(ka.find("matmul_backward")->calls == 9);  // three linears, three steps
+  // The step report: the table, samples/s, and a data-bound verdict (3 ms of a short step).
+  profile::StepFigures avg = p.average_figures();
+  CHECK(avg.samples_per_second > 0);
+  CHECK(avg.data_wait_ms >= 3.0);
+  std::string rep = p.step_report();
+  CHECK_THAT(rep, Contains("Step breakdown") && Contains("avg") && Contains("Verdict") && Contains("Peak memory cpu"));
+  if (avg.data_wait_ms / avg.step_ms > 0.10) CHECK_THAT(rep, Contains("data-bound"));
+}
+
+TEST_CASE("profiler: nested phases are exclusive; collectives total and exposed", "[profile]") {
+  profile::Profiler p;
+  p.start();
+  {
+    trace::PhaseScope back(trace::Phase::Backward);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    {
+      trace::PhaseScope comm(trace::Phase::Communication);  // the wait at the end of backward
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  const int64_t t0 = trace::now_ns();
+  trace::interval(trace::Phase::Communication, "all_reduce", t0 - 5'000'000, t0);  // 5 ms, measured elsewhere
+  p.step();
+  p.stop();
+  REQUIRE(p.steps().size() == 1);
+  const auto& s = p.steps()[0];
+  const int64_t back = s.phase_ns[static_cast<size_t>(trace::Phase::Backward)];
+  const int64_t comm = s.phase_ns[static_cast<size_t>(trace::Phase::Communication)];
+  CHECK(back >= 2'000'000);
+  CHECK(back < 4'000'000);  // the nested wait is not counted twice
+  CHECK(comm >= 2'000'000);
+  CHECK(s.communication_total_ns == 5'000'000);
+  auto f = p.figures(s);
+  CHECK(f.communication_total_ms == Approx(5.0));
+  CHECK(f.communication_exposed_ms == Approx(static_cast<double>(comm) * 1e-6));
+  CHECK_THAT(p.step_report(), Contains("hidden behind backward"));
+}
+
+TEST_CASE("profiler: memory peak per range and per phase", "[profile]") {
+  profile::Profiler p;
+  const int64_t before = memory_stats().current_bytes;
+  p.start();
+  {
+    profile::Range r("alloc");
+    trace::PhaseScope fwd(trace::Phase::Forward);
+    Tensor<float> big = Tensor<float>::zeros({1 << 20});  // 4 MiB
+    (void)exp(big);                                       // an op end reads memory: big and its result
+  }
+  p.step();
+  p.stop();
+  auto r = named(p, "alloc");
+  REQUIRE(r.size() == 1);
+  CHECK(r[0]->peak_bytes >= before + 8 * (1 << 20));
+  CHECK(r[0]->device == Device::cpu());
+  const auto& m = p.steps().at(0).memory.at(0);
+  CHECK(m.device == Device::cpu());
+  CHECK(m.phase_peak[static_cast<size_t>(trace::Phase::Forward)] >= before + 8 * (1 << 20));
+  CHECK(m.peak_bytes >= m.phase_peak[static_cast<size_t>(trace::Phase::Forward)]);
+  CHECK(m.capacity_bytes > 0);  // the host's memory size
+  // The trace has the memory counter.
+  bool counter = false;
+  for (const auto& c : p.counters()) counter = counter || c.name == "memory cpu";
+  CHECK(counter);
+}
+
+TEST_CASE("profiler: the Chrome trace parses back, with thread tracks and nested events", "[profile][trace]") {
+  fs::path dir = temp_dir("trace");
+  Net net;
+  Tensor<float> x = Tensor<float>::ones({2, 8});
+  profile::Profiler p({.trace_path = (dir / "trace.json").string()});
+  p.start();
+  {
+    profile::Range r("quote\" back\\slash \n newline \xff bad utf8");
+    (void)net(x);
+  }
+  std::thread worker([] {
+    profile::Range r("worker range");
+    (void)relu(Tensor<float>::ones({4}));
+  });
+  worker.join();
+  p.step();
+  p.stop();
+  nlohmann::json j = read_json(dir / "trace.json");
+  REQUIRE(j.contains("traceEvents"));
+  REQUIRE(j["traceEvents"].is_array());
+  std::set<int> tids_with_events;
+  std::map<std::string, nlohmann::json> by_name;
+  int thread_names = 0;
+  for (const auto& e : j["traceEvents"]) {
+    REQUIRE(e.contains("ph"));
+    if (e["ph"] == "M" && e["name"] == "thread_name") ++thread_names;
+    if (e["ph"] == "X") {
+      REQUIRE(e["ts"].is_number());
+      REQUIRE(e["dur"].is_number());
+      tids_with_events.insert(e["tid"].get<int>());
+      by_name[e["name"].get<std::string>()] = e;
+    }
+  }
+  CHECK(thread_names >= 2);
+  CHECK(tids_with_events.size() >= 2);  // the training thread and the worker
+  REQUIRE(by_name.count("worker range"));
+  REQUIRE(by_name.count("relu"));
+  CHECK(by_name["worker range"]["tid"] == by_name["relu"]["tid"]);
+  // The awkward name came through escaped (the bad byte as U+FFFD).
+  REQUIRE(by_name.count("quote\" back\\slash \n newline \xEF\xBF\xBD bad utf8"));
+  // Nesting survives: layers.0.fc inside layers.0 on the same track.
+  const auto& outer = by_name.at("layers.0 (Block)");
+  const auto& inner = by_name.at("layers.0.fc (Linear)");
+  CHECK(inner["tid"] == outer["tid"]);
+  CHECK(inner["ts"].get<double>() >= outer["ts"].get<double>());
+  CHECK(inner["ts"].get<double>() + inner["dur"].get<double>() <=
+        outer["ts"].get<double>() + outer["dur"].get<double>() + 0.002);
+  CHECK(by_name.count("ProfilerStep#0"));
+  fs::remove_all(dir);
+}
+
+namespace {
+void profiled_work_that_throws(profile::Profiler& p) {
+  profile::ProfileScope scope(p);
+  profile::Range r("doomed");
+  (void)relu(Tensor<float>::ones({4}));
+  throw ValueError("boom");
+}
+}  // namespace
+
+TEST_CASE("profiler: the trace is valid JSON when the program throws mid-profile", "[profile][trace]") {
+  fs::path dir = temp_dir("throw");
+  profile::Profiler p({.trace_path = (dir / "t.json").string()});
+  REQUIRE_THROWS_AS(profiled_work_that_throws(p), ValueError);
+  REQUIRE_FALSE(p.is_recording());
+  REQUIRE(trace::active_listener() == nullptr);
+  nlohmann::json j = read_json(dir / "t.json");
+  bool doomed = false, relu_seen = false;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("name", "") == "doomed") doomed = true;
+    if (e.value("name", "") == "relu") relu_seen = true;
+  }
+  CHECK(doomed);
+  CHECK(relu_seen);
+  // No temporary file is left beside it.
+  int files = 0;
+  for (auto& f : fs::directory_iterator(dir)) {
+    (void)f;
+    ++files;
+  }
+  CHECK(files == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("profiler: a range open on another thread at stop() is closed as unfinished", "[profile][trace]") {
+  profile::Profiler p;
+  std::mutex m;
+  std::condition_variable cv;
+  bool opened = false, stopped = false;
+  p.start();
+  std::thread t([&] {
+    profile::Range r("long");
+    {
+      std::unique_lock<std::mutex> lock(m);
+      opened = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return stopped; });
+    }
+    (void)relu(Tensor<float>::ones({2}));  // after stop: dropped, not mismatched
+  });
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return opened; });
+  }
+  p.stop();
+  {
+    std::lock_guard<std::mutex> lock(m);
+    stopped = true;
+  }
+  cv.notify_all();
+  t.join();
+  auto ev = named(p, "long");
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0]->unfinished);
+  CHECK(named(p, "relu").empty());
+  nlohmann::json j = nlohmann::json::parse(p.chrome_trace_json());
+  bool flagged = false;
+  for (const auto& e : j["traceEvents"])
+    if (e.value("name", "") == "long") flagged = e["args"].value("unfinished", false);
+  CHECK(flagged);
+}
+
+TEST_CASE("profiler: a second session starts clean; scopes straddling start are dropped", "[profile]") {
+  profile::Profiler p;
+  p.start();
+  (void)relu(Tensor<float>::ones({2}));
+  p.stop();
+  REQUIRE(named(p, "relu").size() == 1);
+  {
+    profile::Range before("before start");  // sees no listener: records nothing, ends nothing
+    p.start();
+    (void)exp(Tensor<float>::ones({2}));
+  }
+  p.stop();
+  CHECK(named(p, "relu").empty());
+  CHECK(named(p, "exp").size() == 1);
+  CHECK(named(p, "before start").empty());
+  CHECK(p.steps().size() == 1);  // no step(): the session is one step
+}
+
+TEST_CASE("profiler: misuse errors name the problem", "[profile][errors]") {
+  profile::Profiler p;
+  REQUIRE_THROWS_WITH(p.stop(), Contains("Profiler::stop: not recording"));
+  REQUIRE_THROWS_AS(p.step(), ValueError);
+  REQUIRE_THROWS_WITH(p.step(), Contains("call start() first"));
+  p.start();
+  REQUIRE_THROWS_WITH(p.start(), Contains("already recording"));
+  profile::Profiler other;
+  REQUIRE_THROWS_AS(other.start(), ValueError);
+  REQUIRE_THROWS_WITH(other.start(), Contains("another profiler is recording"));
+  p.stop();
+  REQUIRE_THROWS_WITH(profile::Profiler({.window = 0}), Contains("window must be >= 1"));
+  // An unwritable trace path is an IOError from stop(), and the session still ends.
+  profile::Profiler bad({.trace_path = "/nonexistent_dir_ember/trace.json"});
+  bad.start();
+  REQUIRE_THROWS_AS(bad.stop(), IOError);
+  CHECK_FALSE(bad.is_recording());
+  CHECK(trace::active_listener() == nullptr);
+}
+
+TEST_CASE("verdict: each rule on synthetic figures", "[profile][verdict]") {
+  using profile::VerdictKind;
+  auto kinds = [](const profile::StepFigures& f) {
+    std::vector<VerdictKind> out;
+    for (const auto& v : profile::verdict(f)) out.push_back(v.kind);
+    return out;
+  };
+  auto has = [&](const profile::StepFigures& f, VerdictKind k) {
+    auto v = kinds(f);
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  profile::StepFigures base;
+  base.step_ms = 100;
+  base.device = "cuda:0";
+  // Nothing known beyond the step: no rule.
+  CHECK(kinds(base) == std::vector<VerdictKind>{VerdictKind::NoBottleneck});
+
+  auto f = base;
+  f.data_wait_ms = 10.0;  // exactly 10%: not over
+  CHECK_FALSE(has(f, VerdictKind::DataBound));
+  f.data_wait_ms = 10.5;
+  CHECK(has(f, VerdictKind::DataBound));
+  CHECK_THAT(profile::verdict(f)[0].message, Contains("10.5%") && Contains("DataLoader workers") && Contains("packed"));
+
+  f = base;
+  f.device_busy = 0.4;
+  CHECK(has(f, VerdictKind::HostBound));
+  f.data_wait_ms = 30;  // a data-bound step is not called host-bound
+  CHECK_FALSE(has(f, VerdictKind::HostBound));
+  CHECK(has(f, VerdictKind::DataBound));
+  f = base;
+  f.device_busy = 0.5;
+  CHECK_FALSE(has(f, VerdictKind::HostBound));
+  f.device_busy = -1;  // unknown
+  CHECK_FALSE(has(f, VerdictKind::HostBound));
+
+  f = base;
+  f.capacity_bytes = 1000;
+  f.peak_bytes = 499;
+  CHECK(has(f, VerdictKind::MemoryHeadroom));
+  CHECK_THAT(profile::verdict(f)[0].message, Contains("find_max_batch_size"));
+  f.peak_bytes = 500;
+  CHECK_FALSE(has(f, VerdictKind::MemoryHeadroom));
+  CHECK_FALSE(has(f, VerdictKind::MemoryLimit));
+  f.peak_bytes = 900;
+  CHECK(has(f, VerdictKind::MemoryLimit));
+  CHECK_THAT(profile::verdict(f)[0].message, Contains("mixed precision") && Contains("checkpoint"));
+  f.capacity_bytes = -1;  // unknown capacity
+  CHECK_FALSE(has(f, VerdictKind::MemoryLimit));
+
+  f = base;
+  f.communication_exposed_ms = 12;
+  f.communication_total_ms = 40;
+  CHECK(has(f, VerdictKind::CommunicationBound));
+  CHECK_THAT(profile::verdict(f)[0].message, Contains("gradient_as_bucket_view") && Contains("no_sync"));
+  f.communication_exposed_ms = 9;  // most of it hidden
+  CHECK_FALSE(has(f, VerdictKind::CommunicationBound));
+
+  // Several at once, in the documented order.
+  f = base;
+  f.data_wait_ms = 50;
+  f.communication_exposed_ms = 20;
+  f.capacity_bytes = 100;
+  f.peak_bytes = 95;
+  CHECK(kinds(f) == std::vector<VerdictKind>{VerdictKind::DataBound, VerdictKind::CommunicationBound,
+                                              VerdictKind::MemoryLimit});
+  // Thresholds are settable.
+  f = base;
+  f.data_wait_ms = 6;
+  CHECK(has(f, VerdictKind::NoBottleneck));
+  CHECK(kinds(f).size() == 1);
+  profile::VerdictThresholds strict;
+  strict.data_wait_fraction = 0.05;
+  auto v = profile::verdict(f, strict);
+  CHECK(v.at(0).kind == VerdictKind::DataBound);
+}
+
+TEST_CASE("profiler: step report uses the device monitor's figures for a GPU-less verdict", "[profile][verdict]") {
+  // A CPU run has no device utilisation: no host-bound line, whatever the monitor says about GPUs.
+  profile::Profiler p;
+  p.set_device_utilisation({.busy_fraction = 0.1, .total_bytes = int64_t{1} << 34});
+  p.start();
+  (void)relu(Tensor<float>::ones({8}));
+  p.step(8);
+  p.stop();
+  auto f = p.average_figures();
+  CHECK(f.device == "cpu");
+  CHECK(f.device_busy < 0);
+  CHECK_THAT(p.step_report(), !Contains("host/launch-bound"));
+}
