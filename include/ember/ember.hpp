@@ -20,6 +20,8 @@
 
 #include "ember/ops/ops.hpp"
 
+#include "ember/io/io.hpp"
+
 #include "ember/nn/nn.hpp"
 #include "ember/optim/optim.hpp"
 #include "ember/amp/amp.hpp"

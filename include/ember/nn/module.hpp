@@ -15,6 +15,7 @@
 
 #include "ember/amp/autocast.hpp"
 #include "ember/core/trace.hpp"
+#include "ember/io/safetensors.hpp"
 #include "ember/ops/ops.hpp"
 
 namespace ember::nn {
@@ -158,6 +159,37 @@ class Module {
       const AnyTensor* src = find_entry(sd, name);
       if (src) t.copy_(src->detach().to(t.device()));
     }
+  }
+
+  // ---- files (io/safetensors.hpp) ----
+  // Writes state_dict() to a safetensors file, atomically. PyTorch reads it with
+  // model.load_state_dict(safetensors.torch.load_file(path)). Tied parameters (one storage under
+  // two names) are refused, as safetensors refuses them.
+  void save(const std::string& path, const io::Metadata& metadata = {}) const {
+    io::save_file(path, state_dict(), metadata);
+  }
+  struct LoadResult {
+    std::vector<std::string> missing_keys, unexpected_keys;
+  };
+  // Loads a safetensors file (from ember, or from PyTorch's safetensors.torch.save_file) into the
+  // existing tensors as load_state_dict(strict) does; returns the names the file lacked and the
+  // names it had in excess (both empty after a strict load).
+  LoadResult load(const std::string& path, bool strict = true) {
+    io::TensorList sd = io::load_file(path);
+    LoadResult r;
+    StateDict mine = state_dict();
+    for (auto& [name, t] : mine)
+      if (!find_entry(sd, name)) r.missing_keys.push_back(name);
+    for (auto& [name, t] : sd)
+      if (!find_entry(mine, name)) r.unexpected_keys.push_back(name);
+    try {
+      load_state_dict(sd, strict);
+    } catch (const ShapeError& e) {
+      throw ShapeError(std::string(e.what()) + " (file '" + path + "')");
+    } catch (const ValueError& e) {
+      throw ValueError(std::string(e.what()) + " (file '" + path + "')");
+    }
+    return r;
   }
 
  protected:

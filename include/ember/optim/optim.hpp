@@ -7,3 +7,4 @@
 #include "ember/optim/rmsprop.hpp"
 #include "ember/optim/clip.hpp"
 #include "ember/optim/scheduler.hpp"
+#include "ember/optim/state_io.hpp"

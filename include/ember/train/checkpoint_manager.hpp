@@ -1,0 +1,514 @@
+#pragma once
+// train::CheckpointManager: training checkpoints that survive a kill at any moment, and resume
+// exactly (docs/checkpoints.md).
+//
+//   train::CheckpointManager ckpt("runs/a", {.keep_last = 3, .keep_every = 1000});
+//   train::CheckpointTargets t{.model = &model, .optimizer = &opt, .scheduler = &sched, .scaler = &scaler};
+//   if (auto r = ckpt.load_latest(t)) start = r->step;            // restores everything in t
+//   ...
+//   ckpt.save_async(step, t, {.epoch = e, .data = train::sampler_position(sampler, i)});
+//
+// One checkpoint is a folder `step-<n>/` holding model.safetensors (the model's state dict),
+// optimizer.safetensors (optim/state_io.hpp) and state.json: step, epoch, the scheduler's and the
+// GradScaler's state, every registered generator's (seed, offset) (the default generator always;
+// Philox streams are the same on every device, so one pair covers them all), the position in the
+// data (a caller-supplied JSON object), a user object, the ember version, and the size and zlib
+// CRC32 of each .safetensors file.
+//
+// Commit: everything is written into a temporary folder `.tmp-step-<n>-<pid>-<k>/` (each file
+// fsynced), state.json last; the folder is renamed to step-<n> and the parent folder fsynced. The
+// newest complete checkpoint is found by scanning for step-<n> folders (no pointer file to
+// corrupt) and verified (state.json parses, each file has its recorded size and CRC32, each
+// safetensors header validates); one that fails is skipped with a warning naming the folder and
+// the reason, and the next older one is used. Temporary folders are never taken for checkpoints;
+// those left by dead processes are removed when a manager is made.
+//
+// save_async copies the state to host memory on the calling thread, then writes on a background
+// thread while training goes on; a second save waits for the first; a writer's error is thrown by
+// the next save, save_async, wait() or load; the destructor waits (and reports an error it cannot
+// throw on stderr).
+#include <signal.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ember/amp/grad_scaler.hpp"
+#include "ember/core/random.hpp"
+#include "ember/core/trace.hpp"
+#include "ember/data/distributed_sampler.hpp"
+#include "ember/io/atomic_file.hpp"
+#include "ember/io/safetensors.hpp"
+#include "ember/nn/module.hpp"
+#include "ember/optim/scheduler.hpp"
+#include "ember/optim/state_io.hpp"
+#include "ember/version.hpp"
+
+namespace ember::train {
+
+struct CheckpointOptions {
+  int keep_last = 3;       // the newest this many checkpoints are kept (0: keep all)
+  int64_t keep_every = 0;  // and, forever, those whose step is a multiple of this (0: none)
+  // Where warnings (a skipped corrupt checkpoint, a failed clean-up) go; default: std::cerr.
+  std::function<void(const std::string&)> warn;
+};
+
+// What a checkpoint saves and a load restores; a null pointer is left out.
+struct CheckpointTargets {
+  nn::Module* model = nullptr;
+  optim::Optimizer* optimizer = nullptr;
+  optim::LRScheduler* scheduler = nullptr;
+  amp::GradScaler* scaler = nullptr;
+  // Generators by name; the default generator is always saved as "default".
+  std::vector<std::pair<std::string, Generator*>> generators;
+};
+
+// The rest of state.json, supplied by the caller.
+struct CheckpointExtras {
+  int64_t epoch = 0;
+  nlohmann::json data = nlohmann::json::object();  // the position in the data (sampler_position, a loader's state())
+  nlohmann::json user = nlohmann::json::object();  // anything else
+};
+
+struct LoadedCheckpoint {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  nlohmann::json data, user;
+  std::filesystem::path path;
+  nlohmann::json state;  // the whole state.json
+};
+
+// The typed convenience for data::DistributedSampler: {"sampler": {"epoch": e, "index": i}}, where
+// i is the number of this rank's samples of epoch e already consumed.
+inline nlohmann::json sampler_position(const data::DistributedSampler& s, int64_t index) {
+  return {{"sampler", {{"epoch", s.epoch()}, {"index", index}}}};
+}
+struct SamplerPosition {
+  uint64_t epoch = 0;
+  int64_t index = 0;
+};
+// Reads it back (and sets the sampler's epoch when one is given).
+inline SamplerPosition sampler_position_from(const nlohmann::json& data, data::DistributedSampler* s = nullptr) {
+  EMBER_CHECK(data.is_object() && data.contains("sampler") && data["sampler"].is_object() &&
+                  data["sampler"].contains("epoch") && data["sampler"]["epoch"].is_number_integer() &&
+                  data["sampler"].contains("index") && data["sampler"]["index"].is_number_integer(),
+              FormatError, "checkpoint data has no sampler position {\"sampler\": {\"epoch\", \"index\"}}: ", data.dump());
+  SamplerPosition p{data["sampler"]["epoch"].get<uint64_t>(), data["sampler"]["index"].get<int64_t>()};
+  if (s) s->set_epoch(p.epoch);
+  return p;
+}
+
+namespace detail {
+inline uint32_t crc32_update(uint32_t crc, const void* p, size_t n) {
+  const Bytef* b = static_cast<const Bytef*>(p);
+  uLong c = crc;
+  while (n > 0) {
+    const uInt chunk = n > (1u << 30) ? (1u << 30) : static_cast<uInt>(n);
+    c = ::crc32(c, b, chunk);
+    b += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+inline uint32_t crc32_of_file(const std::filesystem::path& p, uint64_t& size) {
+  std::ifstream f(p, std::ios::binary);
+  EMBER_CHECK(f.good(), IOError, "cannot open '", p.string(), "'");
+  std::vector<char> buf(size_t{8} << 20);
+  uint32_t crc = 0;
+  size = 0;
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize got = f.gcount();
+    if (got <= 0) break;
+    crc = crc32_update(crc, buf.data(), static_cast<size_t>(got));
+    size += static_cast<uint64_t>(got);
+  }
+  EMBER_CHECK(!f.bad(), IOError, "read error on '", p.string(), "'");
+  return crc;
+}
+
+// step-<n> -> n; anything else -> nullopt.
+inline std::optional<int64_t> step_of(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+inline std::string version_string() {
+  return ::ember::detail::str_cat(EMBER_VERSION_MAJOR, ".", EMBER_VERSION_MINOR, ".", EMBER_VERSION_PATCH);
+}
+
+// A host copy of t that shares nothing with it (the training thread may change t right after).
+inline AnyTensor host_snapshot(const AnyTensor& t) {
+  if (!t.device().is_cpu()) return t.detach().to(Device::cpu());
+  AnyTensor out = AnyTensor::empty(t.shape(), t.dtype(), Device::cpu());
+  if (t.nbytes() > 0) std::memcpy(out.data_ptr(), t.data_ptr(), t.nbytes());
+  return out;
+}
+
+// Everything one checkpoint writes, detached from the live objects (for save_async) or
+// referring to them (for save).
+struct Snapshot {
+  int64_t step = 0;
+  bool has_model = false, has_optimizer = false;
+  io::TensorList model;
+  optim::OptimizerStateDict optimizer;
+  std::string optimizer_name;
+  nlohmann::json state;  // state.json without "files"
+};
+}  // namespace detail
+
+class CheckpointManager {
+ public:
+  explicit CheckpointManager(std::filesystem::path dir, CheckpointOptions options = {})
+      : dir_(std::move(dir)), options_(std::move(options)) {
+    EMBER_CHECK(options_.keep_last >= 0 && options_.keep_every >= 0, ValueError,
+                "CheckpointManager: keep_last and keep_every must be >= 0, got ", options_.keep_last, " and ",
+                options_.keep_every);
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec) throw IOError("CheckpointManager: cannot create the folder '" + dir_.string() + "': " + ec.message());
+    remove_stale_temporaries();
+  }
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+  ~CheckpointManager() {
+    join();
+    if (error_) {
+      try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        warn(std::string("an asynchronous checkpoint save failed and was never reported: ") + e.what());
+      }
+    }
+  }
+
+  const std::filesystem::path& directory() const { return dir_; }
+  std::filesystem::path path_of(int64_t step) const { return dir_ / ("step-" + std::to_string(step)); }
+
+  // Writes a checkpoint and returns when it is committed.
+  void save(int64_t step, const CheckpointTargets& t, const CheckpointExtras& extras = {}) {
+    trace::PhaseScope phase(trace::Phase::CheckpointSave);
+    wait();
+    detail::Snapshot s = snapshot(step, t, extras, /*copy=*/false);
+    write(s);
+  }
+
+  // Copies the state to host memory here, then writes and commits on a background thread.
+  void save_async(int64_t step, const CheckpointTargets& t, const CheckpointExtras& extras = {}) {
+    trace::PhaseScope phase(trace::Phase::CheckpointSave);
+    wait();
+    auto s = std::make_shared<detail::Snapshot>(snapshot(step, t, extras, /*copy=*/true));
+    writer_ = std::thread([this, s] {
+      try {
+        write(*s);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = std::current_exception();
+      }
+    });
+  }
+
+  // Waits for a save_async in flight; throws its error, if it failed.
+  void wait() {
+    join();
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::swap(e, error_);
+    }
+    if (e) std::rethrow_exception(e);
+  }
+
+  // Steps of the folders named step-<n>, newest first (not verified).
+  std::vector<int64_t> steps() const {
+    std::vector<int64_t> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      if (!e.is_directory(ec)) continue;
+      if (auto s = detail::step_of(e.path().filename().string())) out.push_back(*s);
+    }
+    std::sort(out.rbegin(), out.rend());
+    return out;
+  }
+
+  // Why the checkpoint of this step is not usable, or "" when it verifies.
+  std::string verify(int64_t step) const {
+    try {
+      check_folder(path_of(step));
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
+  // The newest checkpoint that verifies (older ones after a warning for each newer one that does not).
+  std::optional<int64_t> latest() {
+    wait();
+    for (int64_t s : steps()) {
+      std::string why = verify(s);
+      if (why.empty()) return s;
+      warn("skipping checkpoint '" + path_of(s).string() + "': " + why);
+    }
+    return std::nullopt;
+  }
+
+  // Restores the checkpoint of `step` into the targets (and the generators); verifies it first.
+  LoadedCheckpoint load(int64_t step, const CheckpointTargets& t) {
+    wait();
+    const std::filesystem::path p = path_of(step);
+    nlohmann::json st = check_folder(p);
+    const std::string who = "checkpoint '" + p.string() + "'";
+    // Check that what the targets need is there before changing anything.
+    EMBER_CHECK(!t.model || st["files"].contains("model.safetensors"), FormatError, who, " has no model");
+    EMBER_CHECK(!t.optimizer || st["files"].contains("optimizer.safetensors"), FormatError, who, " has no optimizer state");
+    EMBER_CHECK(!t.scheduler || (st.contains("scheduler") && !st["scheduler"].is_null()), FormatError, who,
+                " has no scheduler state");
+    if (t.model) t.model->load((p / "model.safetensors").string(), /*strict=*/true);
+    if (t.optimizer) optim::load_state(*t.optimizer, (p / "optimizer.safetensors").string());
+    if (t.scheduler) t.scheduler->load_state_dict(optim::scheduler_from_json(st["scheduler"]));
+    if (t.scaler && t.scaler->is_enabled()) {
+      EMBER_CHECK(st.contains("grad_scaler") && st["grad_scaler"].is_object(), FormatError, who,
+                  " has no GradScaler state");
+      t.scaler->load_state_dict(optim::hyperparams_from_json(st["grad_scaler"], who + " grad_scaler"));
+    }
+    const auto& gens = st["generators"];
+    auto restore = [&](const std::string& name, Generator& g) {
+      EMBER_CHECK(gens.contains(name) && gens[name].contains("seed") && gens[name].contains("offset"), FormatError, who,
+                  " has no state for generator '", name, "'");
+      g.set_state(gens[name]["seed"].get<uint64_t>(), gens[name]["offset"].get<uint64_t>());
+    };
+    restore("default", default_generator());
+    for (const auto& [name, g] : t.generators) restore(name, *g);
+    LoadedCheckpoint r;
+    r.step = st["step"].get<int64_t>();
+    r.epoch = st["epoch"].get<int64_t>();
+    r.data = st["data"];
+    r.user = st["user"];
+    r.path = p;
+    r.state = std::move(st);
+    return r;
+  }
+
+  // load(latest()), or nullopt when there is no usable checkpoint.
+  std::optional<LoadedCheckpoint> load_latest(const CheckpointTargets& t) {
+    std::optional<int64_t> s = latest();
+    if (!s) return std::nullopt;
+    return load(*s, t);
+  }
+
+ private:
+  detail::Snapshot snapshot(int64_t step, const CheckpointTargets& t, const CheckpointExtras& extras, bool copy) const {
+    EMBER_CHECK(step >= 0, ValueError, "CheckpointManager.save: step must be >= 0, got ", step);
+    EMBER_CHECK(extras.data.is_object() && extras.user.is_object(), ValueError,
+                "CheckpointManager.save: data and user must be JSON objects");
+    detail::Snapshot s;
+    s.step = step;
+    if (t.model) {
+      s.has_model = true;
+      // Tied parameters (one storage, two names) are saved once each: safetensors refuses shared
+      // storage, and loading copies into both anyway.
+      std::unordered_set<const Storage*> seen;
+      for (auto& [name, v] : t.model->state_dict()) {
+        const bool shared = v.nbytes() > 0 && v.impl()->storage && !seen.insert(v.impl()->storage.get()).second;
+        s.model.emplace_back(name, copy || shared ? detail::host_snapshot(v) : v.detach());
+      }
+    }
+    if (t.optimizer) {
+      s.has_optimizer = true;
+      s.optimizer = t.optimizer->state_dict();  // already a snapshot (copies)
+      s.optimizer_name = t.optimizer->name();
+      if (copy)
+        for (auto& [i, st] : s.optimizer.state)
+          for (auto& [k, v] : st)
+            if (!v.device().is_cpu()) v = v.to(Device::cpu());
+    }
+    nlohmann::json& j = s.state;
+    j["format"] = "ember.checkpoint";
+    j["format_version"] = 1;
+    j["ember_version"] = detail::version_string();
+    j["step"] = step;
+    j["epoch"] = extras.epoch;
+    j["scheduler"] = t.scheduler ? nlohmann::json(optim::scheduler_to_json(t.scheduler->state_dict())) : nlohmann::json();
+    if (t.scheduler) j["scheduler_name"] = t.scheduler->name();
+    j["grad_scaler"] = t.scaler && t.scaler->is_enabled()
+                           ? nlohmann::json(optim::hyperparams_to_json(t.scaler->state_dict()))
+                           : nlohmann::json();
+    nlohmann::json gens = nlohmann::json::object();
+    gens["default"] = {{"seed", default_generator().seed()}, {"offset", default_generator().offset()}};
+    for (const auto& [name, g] : t.generators) {
+      EMBER_CHECK(name != "default" && g != nullptr, ValueError, "CheckpointManager.save: generator '", name,
+                  "' is null or uses the reserved name 'default'");
+      gens[name] = {{"seed", g->seed()}, {"offset", g->offset()}};
+    }
+    j["generators"] = std::move(gens);
+    j["data"] = extras.data;
+    j["user"] = extras.user;
+    return s;
+  }
+
+  void write(const detail::Snapshot& s) {
+    const std::string final_name = "step-" + std::to_string(s.step);
+    const std::filesystem::path tmp = dir_ / ::ember::detail::str_cat(".tmp-", final_name, "-", ::getpid(), "-", counter_++);
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    if (!std::filesystem::create_directory(tmp, ec))
+      throw IOError("CheckpointManager: cannot create '" + tmp.string() + "': " + ec.message());
+    try {
+      nlohmann::json state = s.state;
+      nlohmann::json files = nlohmann::json::object();
+      auto record = [&](const std::string& name, auto&& write_fn) {
+        uint32_t crc = 0;
+        uint64_t bytes = 0;
+        write_fn((tmp / name).string(), [&](const void* p, size_t n) {
+          crc = detail::crc32_update(crc, p, n);
+          bytes += n;
+        });
+        files[name] = {{"bytes", bytes}, {"crc32", crc}};
+      };
+      if (s.has_model)
+        record("model.safetensors", [&](const std::string& path, const io::ByteObserver& obs) {
+          io::save_file(path, s.model, {{"format", "pt"}}, obs);
+        });
+      if (s.has_optimizer)
+        record("optimizer.safetensors", [&](const std::string& path, const io::ByteObserver& obs) {
+          optim::save_state_dict(s.optimizer, s.optimizer_name, path, {}, obs);
+        });
+      state["files"] = std::move(files);
+      io::write_file_atomic(tmp / "state.json", state.dump(2) + "\n");
+      const std::filesystem::path final_path = dir_ / final_name;
+      // A checkpoint of this step already exists (a resumed run saving the same step again):
+      // move it aside first (rename cannot replace a non-empty folder).
+      std::filesystem::path old;
+      if (std::filesystem::exists(final_path, ec)) {
+        old = dir_ / ::ember::detail::str_cat(".old-", final_name, "-", ::getpid(), "-", counter_++);
+        if (::rename(final_path.c_str(), old.c_str()) != 0)
+          io::detail::throw_io("CheckpointManager: cannot move the previous checkpoint aside:", final_path.string(), errno);
+      }
+      if (::rename(tmp.c_str(), final_path.c_str()) != 0)
+        io::detail::throw_io("CheckpointManager: cannot commit checkpoint", final_path.string(), errno);
+      io::fsync_directory(dir_);
+      if (!old.empty()) std::filesystem::remove_all(old, ec);
+    } catch (...) {
+      std::filesystem::remove_all(tmp, ec);
+      throw;
+    }
+    apply_retention(s.step);
+  }
+
+  // Verifies a checkpoint folder; returns its state.json. Throws FormatError/IOError with the reason.
+  nlohmann::json check_folder(const std::filesystem::path& p) const {
+    const std::string who = "checkpoint '" + p.string() + "'";
+    std::ifstream f(p / "state.json");
+    EMBER_CHECK(f.good(), IOError, who, ": no readable state.json");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    nlohmann::json st;
+    try {
+      st = nlohmann::json::parse(ss.str());
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError(who + ": state.json is not JSON: " + e.what());
+    }
+    EMBER_CHECK(st.is_object() && st.value("format", "") == "ember.checkpoint", FormatError, who,
+                ": state.json is not an ember checkpoint state");
+    for (const char* k : {"step", "epoch"})
+      EMBER_CHECK(st.contains(k) && st[k].is_number_integer(), FormatError, who, ": state.json lacks '", k, "'");
+    for (const char* k : {"files", "generators", "data", "user"})
+      EMBER_CHECK(st.contains(k) && st[k].is_object(), FormatError, who, ": state.json lacks the object '", k, "'");
+    for (auto it = st["files"].begin(); it != st["files"].end(); ++it) {
+      const std::string name = it.key();
+      EMBER_CHECK(name.find('/') == std::string::npos && name != ".." && it->contains("bytes") && it->contains("crc32"),
+                  FormatError, who, ": bad files entry '", name, "'");
+      uint64_t size = 0;
+      const std::filesystem::path fp = p / name;
+      EMBER_CHECK(std::filesystem::exists(fp), IOError, who, ": ", name, " is missing");
+      const uint32_t crc = detail::crc32_of_file(fp, size);
+      EMBER_CHECK(size == (*it)["bytes"].get<uint64_t>(), FormatError, who, ": ", name, " has ", size,
+                  " bytes, state.json says ", (*it)["bytes"].get<uint64_t>());
+      EMBER_CHECK(crc == (*it)["crc32"].get<uint32_t>(), FormatError, who, ": ", name, " fails its CRC32 check (",
+                  crc, " != ", (*it)["crc32"].get<uint32_t>(), ")");
+      io::SafetensorsFile check(fp);  // the header validates too
+    }
+    return st;
+  }
+
+  void apply_retention(int64_t just_written) {
+    if (options_.keep_last == 0) return;
+    std::vector<int64_t> all = steps();
+    int kept = 0;
+    for (int64_t s : all) {
+      const bool newest = kept < options_.keep_last;
+      if (newest) ++kept;
+      if (newest || s == just_written || (options_.keep_every > 0 && s % options_.keep_every == 0)) continue;
+      // Renamed out of the step-<n> namespace first, so a kill during the removal leaves nothing
+      // that a scan could take for a checkpoint.
+      const std::filesystem::path doomed = dir_ / ::ember::detail::str_cat(".old-step-", s, "-", ::getpid(), "-", counter_++);
+      std::error_code ec;
+      if (::rename(path_of(s).c_str(), doomed.c_str()) != 0) {
+        warn("cannot remove old checkpoint '" + path_of(s).string() + "': " + std::strerror(errno));
+        continue;
+      }
+      std::filesystem::remove_all(doomed, ec);
+      if (ec) warn("cannot remove '" + doomed.string() + "': " + ec.message());
+    }
+  }
+
+  // Folders .tmp-* / .old-* whose writing process is gone.
+  void remove_stale_temporaries() {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(".tmp-step-", 0) != 0 && n.rfind(".old-step-", 0) != 0) continue;
+      // ...-<pid>-<k>
+      const size_t b = n.rfind('-');
+      const size_t a = b == std::string::npos || b == 0 ? std::string::npos : n.rfind('-', b - 1);
+      if (a == std::string::npos) continue;
+      const long pid = std::strtol(n.c_str() + a + 1, nullptr, 10);
+      if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;  // still writing
+      if (pid == ::getpid()) continue;
+      std::error_code rm;
+      std::filesystem::remove_all(e.path(), rm);
+    }
+  }
+
+  void join() {
+    if (writer_.joinable()) writer_.join();
+  }
+  void warn(const std::string& msg) const {
+    if (options_.warn) {
+      options_.warn("ember CheckpointManager: " + msg);
+    } else {
+      std::cerr << "ember CheckpointManager: warning: " << msg << "\n";
+    }
+  }
+
+  std::filesystem::path dir_;
+  CheckpointOptions options_;
+  std::thread writer_;
+  std::mutex mu_;
+  std::exception_ptr error_;
+  uint64_t counter_ = 0;  // only the thread that writes (one at a time) touches it
+};
+
+}  // namespace ember::train
