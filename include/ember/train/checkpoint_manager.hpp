@@ -65,8 +65,13 @@ namespace ember::train {
 struct CheckpointOptions {
   int keep_last = 3;       // the newest this many checkpoints are kept (0: keep all)
   int64_t keep_every = 0;  // and, forever, those whose step is a multiple of this (0: none)
-  // Where warnings (a skipped corrupt checkpoint, a failed clean-up) go; default: std::cerr.
+  // Where warnings (a skipped corrupt checkpoint, a failed clean-up) go; default: std::cerr. Called
+  // from the writer thread during a save_async: it must be thread-safe.
   std::function<void(const std::string&)> warn;
+  // Remove, when the manager is made, the temporary folders of writers that are no longer running
+  // (pid check on this machine). Set false on every process but the writer when several processes
+  // on several machines share the folder (data parallel: rank 0 writes, all ranks load).
+  bool clean_stale = true;
 };
 
 // What a checkpoint saves and a load restores; a null pointer is left out.
@@ -189,7 +194,7 @@ class CheckpointManager {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw IOError("CheckpointManager: cannot create the folder '" + dir_.string() + "': " + ec.message());
-    remove_stale_temporaries();
+    if (options_.clean_stale) remove_stale_temporaries();
   }
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
