@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds every libFuzzer target tests/fuzz/fuzz_<name>.cpp with clang++ (AddressSanitizer and
+# UndefinedBehaviorSanitizer, no recovery) and runs each for a bounded time over its committed
+# seed corpus tests/fuzz/corpus/<name>/ (new inputs go to a scratch copy; the committed corpus is
+# never changed). A crash, leak, timeout or sanitizer report fails the run and leaves the input in
+# the output folder.
+#   bash tools/fuzz.sh [seconds per target, default 30] [name ...]
+#   EMBER_FUZZ_OUT=<folder> (default build-fuzz/)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+seconds=${1:-30}
+shift || true
+out=${EMBER_FUZZ_OUT:-build-fuzz}
+cxx=${EMBER_FUZZ_CXX:-clang++}
+if ! command -v "$cxx" >/dev/null 2>&1; then
+  echo "fuzz: SKIPPED: $cxx not found (Debian: clang, libclang-rt-14-dev)"
+  exit 0
+fi
+mkdir -p "$out"
+targets=()
+if (($#)); then
+  for n in "$@"; do targets+=("tests/fuzz/fuzz_$n.cpp"); done
+else
+  shopt -s nullglob
+  targets=(tests/fuzz/fuzz_*.cpp)
+fi
+if ((${#targets[@]} == 0)); then
+  echo "fuzz: no targets in tests/fuzz"
+  exit 0
+fi
+# The libraries the readers use; linking one that a target does not need costs nothing.
+libs=(-lz -llmdb -lpng -ljpeg -lpthread)
+failed=0
+for src in "${targets[@]}"; do
+  name=$(basename "$src" .cpp)
+  name=${name#fuzz_}
+  bin="$out/fuzz_$name"
+  "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+    -Iinclude "$src" -o "$bin" "${libs[@]}"
+  work="$out/corpus_$name"
+  rm -rf "$work"
+  mkdir -p "$work"
+  if [[ -d tests/fuzz/corpus/$name ]]; then
+    cp -r "tests/fuzz/corpus/$name/." "$work/"
+  fi
+  t0=$SECONDS
+  # -rss_limit_mb: a reader must not allocate what the bytes claim; -timeout: nor spin on them.
+  if (cd "$out" && ASAN_OPTIONS=detect_leaks=1 "./fuzz_$name" -max_total_time="$seconds" \
+        -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus_$name" >"fuzz_$name.log" 2>&1); then
+    runs=$(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$out/fuzz_$name.log" | grep -o '[0-9]*$' || echo "?")
+    echo "fuzz: $name: clean, $runs inputs in $((SECONDS - t0)) s"
+  else
+    failed=1
+    echo "fuzz: $name: FAILED (log and input in $out/)"
+    grep -E 'ERROR|SUMMARY|Test unit written' "$out/fuzz_$name.log" | head -20 || true
+  fi
+done
+exit "$failed"
