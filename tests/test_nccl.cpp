@@ -68,7 +68,15 @@ bool equals_pattern(const AnyTensor& t, double factor, int64_t shift = 0) {
   return true;
 }
 
-std::unique_ptr<NcclProcessGroup> one_rank_group(dist::NcclOptions options = {}) {
+// 60 s instead of the 5-minute default, so that a hang fails its test well inside the GPU check's
+// time (tools/gpu-check.sh gives each test 120 s).
+dist::NcclOptions test_options() {
+  dist::NcclOptions o;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+std::unique_ptr<NcclProcessGroup> one_rank_group(dist::NcclOptions options = test_options()) {
   return std::make_unique<NcclProcessGroup>(dist::nccl_unique_id(), 0, 1, 0, options);
 }
 
@@ -153,7 +161,7 @@ TEST_CASE("nccl one rank: wrong device, shape, dtype and root are errors", "[ncc
 
 TEST_CASE("nccl single-process mode (create_all) with one device", "[nccl]") {
   EMBER_REQUIRE_GPU();
-  auto groups = NcclProcessGroup::create_all({0});
+  auto groups = NcclProcessGroup::create_all({0}, test_options());
   REQUIRE(groups.size() == 1);
   NcclProcessGroup& pg = *groups[0];
   CHECK(pg.rank() == 0);
@@ -183,13 +191,19 @@ TEST_CASE("nccl single-process mode (create_all) with one device", "[nccl]") {
 
 TEST_CASE("nccl: a collective that cannot finish times out, aborts and throws", "[nccl]") {
   EMBER_REQUIRE_GPU();
-  // The group with the default timeout: a 200 ms one would also bound the communicator's
+  // The group with the tests' 60 s timeout: a 200 ms one would also bound the communicator's
   // initialisation, which in a fresh process (one per test case, run in parallel) can take longer.
   // The 200 ms deadline goes to the wait below instead.
   auto pg = one_rank_group();
   AnyTensor in = produced_on_gpu(1 << 20, DType::Float32);
   AnyTensor out = AnyTensor::zeros(Shape{1 << 20}, DType::Float32, gpu());
   cudaStream_t ember_stream = cuda::current_stream(0);
+  // The same collective once, finished, before the stream is held: NCCL connects a communicator
+  // and allocates its buffers lazily at its first collective, work that must not be what the
+  // 200 ms deadline below measures (nor run while ember's stream is blocked).
+  pg->all_gather(out, in);
+  REQUIRE(cudaStreamSynchronize(ember_stream) == cudaSuccess);
+  CHECK(equals_pattern(out, 2.0));
 
   // Hold ember's stream until released (at the latest after 5 s, so nothing can hang for good).
   static std::atomic<bool> release{false};

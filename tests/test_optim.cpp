@@ -483,7 +483,10 @@ TEST_CASE("optimizer state lives on the parameter's device, step on the CPU", "[
     a.step();
     b.step();
   }
-  check_close(values(gpu), values(cpu), 1e-6, 1e-7);
+  // 1e-5 relative (about 80 ulp of fp32), not 1e-6: on a real GPU nvcc contracts the update's
+  // a*b+c into FMAs and the reductions sum in another order, so after 5 Adam steps the parameters
+  // legitimately differ from the CPU's by a few ulp per step; a wrong update is off by far more.
+  check_close(values(gpu), values(cpu), 1e-5, 1e-6);
   CHECK(gpu[0].device() == dev);
   for (auto& [k, v] : *b.state(gpu[0])) CHECK(v.device() == (k == "step" ? Device::cpu() : dev));
   // clip_grad_norm_ on device gradients.

@@ -1,11 +1,12 @@
 #pragma once
 // Device is a runtime value (DESIGN.md decision 2): the CPU, or CUDA device i.
+#include <cstdint>
 #include <ostream>
 #include <string>
 
 namespace ember {
 
-enum class DeviceType : uint8_t { CPU, CUDA };
+enum class DeviceType : std::uint8_t { CPU, CUDA };
 
 class Device {
  public:

@@ -17,6 +17,14 @@ class DeviceAllocator {
  public:
   DeviceAllocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {
     DeviceGuard guard(device_);
+    // cudaMallocAsync needs stream-ordered memory pools, which some set-ups lack (an old driver,
+    // some virtualised GPUs): say so here instead of failing at the first allocation with
+    // cudaErrorNotSupported. ember_device_report prints this attribute for every device.
+    int pools = 0;
+    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_));
+    EMBER_CHECK(pools != 0, DeviceError, "cuda:", device_,
+                " does not support stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported is 0), which "
+                "ember's CUDA allocator (cudaMallocAsync) needs: update the driver, or use a GPU that has them");
     EMBER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
     uint64_t threshold = UINT64_MAX;
     EMBER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));

@@ -55,23 +55,56 @@ inline void check_cuda(cudaError_t e, const char* call, const char* file, int li
 // at the next synchronising call, as a CudaError from that call).
 #define EMBER_CUDA_CHECK_LAUNCH() ::ember::cuda::internal::check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
-// Number of CUDA devices the runtime sees. Any error (no driver: cudaErrorInsufficientDriver,
-// CUDA_VISIBLE_DEVICES="": cudaErrorNoDevice, ...) counts as zero devices and is cleared.
-inline int query_device_count() noexcept {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
+// What the start-up device-count query found: the count, and when it is zero why (the runtime's
+// error, with the driver and runtime versions; "" when devices were found). The query runs before
+// `main` (ember_cuda.cu registers the backend from a static initialiser), where an exception
+// cannot be reported, so the reason is kept here and printed by every "SKIPPED: no GPU" line
+// (tests/gpu_skip.hpp) and by ember_device_report.
+struct DeviceCountQuery {
+  int count = 0;
+  std::string error;
+};
+
+// Any error (no driver: cudaErrorInsufficientDriver, CUDA_VISIBLE_DEVICES="": cudaErrorNoDevice,
+// ...) counts as zero devices; the runtime's last error is cleared.
+inline DeviceCountQuery query_device_count_and_reason() noexcept {
+  DeviceCountQuery q;
+  try {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      int driver = 0, runtime = 0;
+      (void)cudaDriverGetVersion(&driver);  // 0 when no driver is loaded
+      (void)cudaRuntimeGetVersion(&runtime);
+      (void)cudaGetLastError();
+      auto ver = [](int v) { return v ? std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10) : std::string("none"); };
+      q.error = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                "); driver CUDA version " + ver(driver) + ", runtime " + ver(runtime);
+      return q;
+    }
+    q.count = n < 0 ? 0 : n;
+    if (q.count == 0) q.error = "cudaGetDeviceCount found 0 devices";
+  } catch (...) {  // std::bad_alloc from the message: the count stays 0
+    q.count = 0;
   }
-  return n < 0 ? 0 : n;
+  return q;
 }
 
-// The device count, asked once.
-inline int runtime_device_count() noexcept {
-  static const int n = query_device_count();
-  return n;
+// The start-up query, made once per program.
+inline const DeviceCountQuery& device_count_query() noexcept {
+  static const DeviceCountQuery q = query_device_count_and_reason();
+  return q;
 }
+
+// Number of CUDA devices the runtime sees (0 on any error; device_count_error() says why).
+inline int query_device_count() noexcept { return query_device_count_and_reason().count; }
+
+// The device count, asked once.
+inline int runtime_device_count() noexcept { return device_count_query().count; }
+
+// Why runtime_device_count() is 0 ("" when it is not).
+inline const std::string& device_count_error() noexcept { return device_count_query().error; }
 
 // Makes `device` current for the guard's lifetime and restores the previous device afterwards.
 class DeviceGuard {
