@@ -129,15 +129,20 @@ class ConvPlan {
 
   // The fastest successful algorithm within the workspace limit (the list is sorted by speed), and
   // its math type, set on the descriptor for the workspace query that follows.
+  // fp32/fp64 prefer the fastest algorithm cuDNN timed with FMA math: an entry timed with another
+  // math type (TF32 tensor ops) would be chosen for a speed it does not have once FMA math is
+  // forced on it. Only when no FMA entry qualifies is the fastest other one taken (as before).
   template <class Perf, class Algo>
   void choose(const Perf* perf, int n, Algo& algo, cudnnMathType_t& math) {
-    for (int i = 0; i < n; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) {
-        algo = perf[i].algo;
-        math = math_for(perf[i].mathType);
-        use_math(math);
-        return;
-      }
+    auto usable = [&](int i) { return perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace; };
+    for (int pass = half_precision_ ? 1 : 0; pass < 2; ++pass)
+      for (int i = 0; i < n; ++i)
+        if (usable(i) && (pass == 1 || perf[i].mathType == CUDNN_FMA_MATH)) {
+          algo = perf[i].algo;
+          math = math_for(perf[i].mathType);
+          use_math(math);
+          return;
+        }
     throw CudnnError("conv2d: cuDNN found no algorithm for this convolution");
   }
 
