@@ -176,6 +176,11 @@ TEST_CASE("Records: encode/decode every dtype and encoded images; malformed reco
   auto size = rec;
   size[6 + 1 + 1 + 1 + 1 + 8] ^= 1;  // the first field's payload length
   CHECK_THAT(bad(size), Contains("sizes disagree"));
+  // Found by tests/fuzz/fuzz_record.cpp: an empty name, and a name twice.
+  CHECK_THAT(bad({'E', 'M', 'B', 'R', 1, 1, 0, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0}), Contains("field 1 has an empty name"));
+  std::vector<uint8_t> twice = {'E', 'M', 'B', 'R', 1, 2};
+  for (int k = 0; k < 2; ++k) twice.insert(twice.end(), {1, 'a', 6, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9});
+  CHECK_THAT(bad(twice), Contains("field 'a' appears twice"));
 }
 
 TEST_CASE("LMDB: packed records read back through the DataLoader, one read-only transaction per worker",

@@ -82,6 +82,8 @@ inline Example decode_record(const uint8_t* data, size_t size, const std::string
     need(nlen, "a field name");
     const std::string name(reinterpret_cast<const char*>(data + pos), nlen);
     pos += nlen;
+    EMBER_CHECK(!name.empty(), FormatError, "record: ", source, ": field ", k + 1, " has an empty name");
+    EMBER_CHECK(!ex.has(name), FormatError, "record: ", source, ": field '", name, "' appears twice");
     need(2, "a field kind");
     const uint8_t kind = data[pos++];
     const int ndim = data[pos++];
