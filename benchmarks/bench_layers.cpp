@@ -2,7 +2,7 @@
 // step, on the CPU (and on cuda:0 when present). Reports time per call and GFLOP/s (GEMM-shaped
 // layers) or GB/s (LayerNorm, the optimizer step).
 // Run: ./build/benchmarks/bench_layers [--benchmark_filter=...] [--benchmark_format=json]
-// benchmarks/bench_layers_torch.py measures the same workloads in PyTorch for side-by-side ratios.
+// benchmarks/bench_torch.py measures the same workloads in PyTorch for side-by-side ratios.
 #include <benchmark/benchmark.h>
 
 #include <ember/ember.hpp>
@@ -28,11 +28,11 @@ void rate(benchmark::State& state, const char* name, double per_iter) {
 // Runs forward and backward of `f` on x (which requires grad) once per iteration.
 template <class F>
 void fwd_bwd(benchmark::State& state, Device dev, const Tensor<float>& x, F&& f) {
-  for (auto _ : state) {
-    auto y = f(x);
-    sum(y).backward();
-    backend_for(dev).synchronize();
-  }
+  for (auto _ : state)
+    bench::timed(state, dev, [&] {
+      auto y = f(x);
+      sum(y).backward();
+    });
 }
 
 void BM_linear(benchmark::State& state, Device dev) {
@@ -80,18 +80,15 @@ void BM_adamw_step(benchmark::State& state, Device dev) {
   auto p = Tensor<float>::randn({n}, dev).set_requires_grad();
   p.set_grad(Tensor<float>::randn({n}, dev));
   optim::AdamW opt({p}, {.lr = 1e-3});
-  for (auto _ : state) {
-    opt.step();
-    backend_for(dev).synchronize();
-  }
+  for (auto _ : state) bench::timed(state, dev, [&] { opt.step(); });
   rate(state, "GB/s(min)", 4.0 * 7 * static_cast<double>(n));  // read p, g, m, v; write p, m, v
 }
 
 void register_all(Device dev, const std::string& suffix) {
-  for (auto [name, fn] : std::vector<std::pair<std::string, void (*)(benchmark::State&, Device)>>{
+  for (auto [name, fn] : std::vector<std::pair<std::string, bench::Case>>{
            {"linear_fwd_bwd", BM_linear}, {"conv2d_fwd_bwd", BM_conv2d}, {"layernorm_fwd_bwd", BM_layernorm},
            {"attention_fwd_bwd", BM_attention}, {"adamw_step", BM_adamw_step}})
-    benchmark::RegisterBenchmark((name + suffix).c_str(), fn, dev)->Unit(benchmark::kMillisecond)->UseRealTime();
+    bench::reg(name + suffix, fn, dev)->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

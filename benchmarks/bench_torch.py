@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch twins of ember's benchmarks (bench_core, bench_layers), for side-by-side ratios on the
 GPU machine, which has PyTorch. Same workloads and sizes as the *_cuda benchmarks of the C++
-programs; CUDA events, warm-up, median of repeated runs.
+programs; CUDA events around each call (as benchmarks/bench_main.hpp times ember's side), warm-up,
+median of repeated runs. The JSON is {case: milliseconds, ..., "errors": {case: message}} ("errors"
+only when a case failed: the others are still measured).
 
   python3 benchmarks/bench_torch.py --out torch.json
   python3 benchmarks/bench_torch.py --compare build/bench_core.json build/bench_layers.json torch.json
@@ -11,6 +13,7 @@ programs; CUDA events, warm-up, median of repeated runs.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -31,48 +34,111 @@ def cuda_time_ms(fn, warmup=5, reps=30):
     return statistics.median(times)
 
 
-def run_torch():
+def torch_cases():
+    """(name, setup) pairs; setup() builds the inputs and returns the call to time. Names are the
+    C++ cases' names (Google Benchmark's, without its "/manual_time" suffix)."""
     import torch
     import torch.nn as nn
-    torch.backends.cuda.matmul.allow_tf32 = False  # ember's fp32 GEMM does not use TF32
-    torch.backends.cudnn.allow_tf32 = False
     dev = "cuda"
-    results = {}
+    cases = []
     # bench_core (CUDA sizes)
-    n = 4096
-    a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
-    results["matmul_ember_cuda/4096"] = cuda_time_ms(lambda: a @ b)
-    m = 1 << 26
-    x, y = torch.randn(m, device=dev), torch.randn(m, device=dev)
-    out = torch.empty_like(x)
-    results["memcpy_cuda/67108864"] = cuda_time_ms(lambda: out.copy_(x))
-    results["add_cuda/67108864"] = cuda_time_ms(lambda: x + y)
-    results["mul_scalar_cuda/67108864"] = cuda_time_ms(lambda: x * 1.5)
-    results["relu_cuda/67108864"] = cuda_time_ms(lambda: torch.relu(x))
-    rows = x.view(-1, 1024)
-    results["sum_rows_cuda/67108864"] = cuda_time_ms(lambda: rows.sum(1))
-    results["softmax_rows_cuda/67108864"] = cuda_time_ms(lambda: torch.softmax(rows, 1))
+    n, m = 4096, 1 << 26
+
+    def matmul():
+        a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+        return lambda: a @ b
+    cases.append(("matmul_ember_cuda/4096", matmul))
+
+    def vectors():
+        return torch.randn(m, device=dev), torch.randn(m, device=dev)
+
+    def memcpy():
+        x, _ = vectors()
+        out = torch.empty_like(x)
+        return lambda: out.copy_(x)
+    cases.append(("memcpy_cuda/67108864", memcpy))
+
+    def add():
+        x, y = vectors()
+        return lambda: x + y
+    cases.append(("add_cuda/67108864", add))
+
+    def mul_scalar():
+        x, _ = vectors()
+        return lambda: x * 1.5
+    cases.append(("mul_scalar_cuda/67108864", mul_scalar))
+
+    def relu():
+        x, _ = vectors()
+        return lambda: torch.relu(x)
+    cases.append(("relu_cuda/67108864", relu))
+
+    def sum_rows():
+        rows = vectors()[0].view(-1, 1024)
+        return lambda: rows.sum(1)
+    cases.append(("sum_rows_cuda/67108864", sum_rows))
+
+    def softmax_rows():
+        rows = vectors()[0].view(-1, 1024)
+        return lambda: torch.softmax(rows, 1)
+    cases.append(("softmax_rows_cuda/67108864", softmax_rows))
+
     # bench_layers (CUDA sizes: batch 256, features 4096, image 32, channels 128, tokens 512, embed 1024, heads 16)
     def fwd_bwd(module, inp, **kw):
         inp = inp.detach().requires_grad_()
+
         def step():
-            module(inp, **kw).sum().backward() if not kw else module(inp, inp, inp, **kw)[0].sum().backward()
+            if kw:
+                module(inp, inp, inp, **kw)[0].sum().backward()
+            else:
+                module(inp).sum().backward()
         return step
-    lin = nn.Linear(4096, 4096, device=dev)
-    results["linear_fwd_bwd_cuda"] = cuda_time_ms(fwd_bwd(lin, torch.randn(256, 4096, device=dev)))
-    conv = nn.Conv2d(128, 128, 3, padding=1, device=dev)
-    results["conv2d_fwd_bwd_cuda"] = cuda_time_ms(fwd_bwd(conv, torch.randn(64, 128, 32, 32, device=dev)))
-    ln = nn.LayerNorm(1024, device=dev)
-    results["layernorm_fwd_bwd_cuda"] = cuda_time_ms(fwd_bwd(ln, torch.randn(256 * 512 // 4, 1024, device=dev)))
-    attn = nn.MultiheadAttention(1024, 16, batch_first=True, device=dev)
-    mask = torch.triu(torch.full((512, 512), float("-inf"), device=dev), 1)
-    results["attention_fwd_bwd_cuda"] = cuda_time_ms(
-        fwd_bwd(attn, torch.randn(16, 512, 1024, device=dev), attn_mask=mask, need_weights=False))
-    p = torch.randn(1 << 24, device=dev, requires_grad=True)
-    p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW([p], lr=1e-3)
-    results["adamw_step_cuda"] = cuda_time_ms(opt.step)
-    return results
+
+    cases.append(("linear_fwd_bwd_cuda",
+                  lambda: fwd_bwd(nn.Linear(4096, 4096, device=dev), torch.randn(256, 4096, device=dev))))
+    cases.append(("conv2d_fwd_bwd_cuda",
+                  lambda: fwd_bwd(nn.Conv2d(128, 128, 3, padding=1, device=dev), torch.randn(64, 128, 32, 32, device=dev))))
+    cases.append(("layernorm_fwd_bwd_cuda",
+                  lambda: fwd_bwd(nn.LayerNorm(1024, device=dev), torch.randn(256 * 512 // 4, 1024, device=dev))))
+
+    def attention():
+        attn = nn.MultiheadAttention(1024, 16, batch_first=True, device=dev)
+        mask = torch.triu(torch.full((512, 512), float("-inf"), device=dev), 1)
+        return fwd_bwd(attn, torch.randn(16, 512, 1024, device=dev), attn_mask=mask, need_weights=False)
+    cases.append(("attention_fwd_bwd_cuda", attention))
+
+    def adamw():
+        p = torch.randn(1 << 24, device=dev, requires_grad=True)
+        p.grad = torch.randn_like(p)
+        return torch.optim.AdamW([p], lr=1e-3).step
+    cases.append(("adamw_step_cuda", adamw))
+    return cases
+
+
+def run_torch(out_path=None):
+    """Times every case; a failing case is reported in "errors" (the others still run), and the JSON
+    is rewritten after each case, so a run stopped by a deadline keeps what it measured."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False  # ember's fp32 GEMM does not use TF32
+    torch.backends.cudnn.allow_tf32 = False
+    results, errors = {}, {}
+
+    def save():
+        if out_path:
+            tmp = out_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(dict(results, **({"errors": errors} if errors else {})), f, indent=1)
+            os.replace(tmp, out_path)
+
+    for name, setup in torch_cases():
+        try:
+            results[name] = cuda_time_ms(setup())
+        except Exception as e:  # one failing case must not lose the others
+            errors[name] = f"{type(e).__name__}: {e}"
+            print(f"{name}: FAILED: {errors[name]}", file=sys.stderr)
+        torch.cuda.empty_cache()
+        save()
+    return results, errors
 
 
 def ember_times(paths):
@@ -82,7 +148,9 @@ def ember_times(paths):
         with open(path) as f:
             data = json.load(f)
         for b in data.get("benchmarks", []):
-            name = b["name"].replace("/real_time", "")
+            if b.get("error_occurred") or b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+                continue
+            name = b.get("run_name", b["name"]).replace("/manual_time", "").replace("/real_time", "")
             unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
             out[name] = b["real_time"] * unit
     return out
@@ -100,16 +168,20 @@ def main():
         ember_ms = ember_times(args.compare[:-1])
         print(f"{'benchmark':40s} {'ember ms':>10s} {'torch ms':>10s} {'torch/ember':>12s}")
         for name, t in sorted(torch_ms.items()):
-            if name in ember_ms:
+            if name in ember_ms and isinstance(t, (int, float)):
                 print(f"{name:40s} {ember_ms[name]:10.3f} {t:10.3f} {t / ember_ms[name]:12.2f}")
         return 0
-    res = run_torch()
-    text = json.dumps(res, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text)
-    return 0
+    try:
+        import torch
+    except ImportError as e:
+        print(f"SKIPPED: PyTorch not importable ({e})")
+        return 3
+    if not torch.cuda.is_available():
+        print("SKIPPED: PyTorch sees no CUDA device")
+        return 3
+    res, errors = run_torch(args.out)
+    print(json.dumps(dict(res, **({"errors": errors} if errors else {})), indent=1))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
