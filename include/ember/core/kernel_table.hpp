@@ -94,6 +94,20 @@ struct Pool2dArgs {
   bool adaptive = false;
 };
 
+// Fused image preprocessing (data/device_preprocess.hpp): x uint8 [n, h, w, c] (c <= 4) ->
+// y [n, c, out_h, out_w] of out_dtype (float32, float16 or bfloat16), where y(i, ch, oy, ox) =
+// (v * scale - mean[ch]) * inv_std[ch] and v is x at (top + oy, left + (flip ? out_w-1-ox : ox))
+// of sample i, or 0 outside the image; params int32 [n, 3] = (top, left, flip) per sample, on the
+// device. Each operation is rounded on its own, so the CPU transforms give the same numbers.
+struct PreprocessArgs {
+  int64_t n = 0, h = 0, w = 0, c = 0;
+  int64_t out_h = 0, out_w = 0;
+  DType out_dtype = DType::Float32;
+  float scale = 1.0f / 255.0f;
+  float mean[4] = {0, 0, 0, 0};
+  float inv_std[4] = {1, 1, 1, 1};
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -193,6 +207,8 @@ class Backend {
   // True when that upload, and every earlier one, has finished reading its host buffer.
   virtual bool upload_finished(uint64_t ticket) = 0;
   virtual void wait_upload(uint64_t ticket) = 0;
+
+  virtual void preprocess_images(const PreprocessArgs& a, const uint8_t* x, const int32_t* params, void* y) = 0;
 };
 
 namespace detail {

@@ -7,6 +7,7 @@
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
 #include "ember/backend/cpu/index.hpp"
+#include "ember/backend/cpu/preprocess.hpp"
 #include "ember/backend/cpu/reduce.hpp"
 
 namespace ember::cpu {
@@ -201,6 +202,17 @@ class CpuBackend : public Backend {
   }
   bool upload_finished(uint64_t) override { return true; }
   void wait_upload(uint64_t) override {}
+
+  void preprocess_images(const PreprocessArgs& a, const uint8_t* x, const int32_t* params, void* y) override {
+    switch (a.out_dtype) {
+      case DType::Float32: cpu::preprocess_images(a, x, params, static_cast<float*>(y)); return;
+      case DType::Float16: cpu::preprocess_images(a, x, params, static_cast<half*>(y)); return;
+      case DType::BFloat16: cpu::preprocess_images(a, x, params, static_cast<bfloat16*>(y)); return;
+      default:
+        throw DTypeError(::ember::detail::str_cat("preprocess_images: output dtype ", dtype_name(a.out_dtype),
+                                                  " (float32, float16 or bfloat16) on cpu"));
+    }
+  }
 
  private:
   // Floating types only; the ops check first, so another dtype here is a bug in the caller.

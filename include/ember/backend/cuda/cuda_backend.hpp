@@ -19,6 +19,7 @@
 #include "ember/backend/cuda/kernels/elementwise.cuh"
 #include "ember/backend/cuda/kernels/index.cuh"
 #include "ember/backend/cuda/kernels/pool.cuh"
+#include "ember/backend/cuda/kernels/preprocess.cuh"
 #include "ember/backend/cuda/kernels/reduce.cuh"
 #include "ember/backend/cuda/kernels/softmax.cuh"
 #include "ember/backend/cuda/runtime.hpp"
@@ -225,6 +226,28 @@ class CudaBackend final : public Backend {
         break;
       }
     retire_uploads();
+  }
+
+  // ---- fused image preprocessing (kernels/preprocess.cuh)
+  void preprocess_images(const PreprocessArgs& a, const uint8_t* x, const int32_t* params, void* y) override {
+    const int64_t total = a.n * a.c * a.out_h * a.out_w;
+    if (total <= 0) return;
+    Guard g(device_);
+    switch (a.out_dtype) {
+      case DType::Float32:
+        preprocess_images_kernel<float><<<grid(total), kThreads, 0, stream_>>>(a, x, params, static_cast<float*>(y));
+        break;
+      case DType::Float16:
+        preprocess_images_kernel<half><<<grid(total), kThreads, 0, stream_>>>(a, x, params, static_cast<half*>(y));
+        break;
+      case DType::BFloat16:
+        preprocess_images_kernel<bfloat16><<<grid(total), kThreads, 0, stream_>>>(a, x, params, static_cast<bfloat16*>(y));
+        break;
+      default:
+        throw DTypeError(::ember::detail::str_cat("preprocess_images: output dtype ", dtype_name(a.out_dtype),
+                                                  " (float32, float16 or bfloat16) on cuda:", device_));
+    }
+    EMBER_CUDA_CHECK_LAUNCH();
   }
 
   void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
