@@ -535,3 +535,94 @@ TEST_CASE("profiler: step report uses the device monitor's figures for a GPU-les
   CHECK(f.device_busy < 0);
   CHECK_THAT(p.step_report(), !Contains("host/launch-bound"));
 }
+
+namespace {
+// A pretend cuda:0 (CPU kernels) whose timing events are host timestamps, to exercise the
+// profiler's device-time path (record per op, read back at the step's end, release) without a GPU.
+class TimedPretendGpu : public cpu::CpuBackend {
+ public:
+  Device device() const override { return Device::cuda(0); }
+  uint64_t timing_event_record() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stamps_.push_back(trace::now_ns());
+    ++recorded_;
+    return stamps_.size();
+  }
+  double timing_event_elapsed_ms(uint64_t a, uint64_t b) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++reads_;
+    if (a == 0 || b == 0 || a > stamps_.size() || b > stamps_.size()) return -1;
+    return static_cast<double>(stamps_[b - 1] - stamps_[a - 1]) * 1e-6;
+  }
+  void timing_events_release() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stamps_.clear();
+    ++releases_;
+  }
+  std::mutex mu_;
+  std::vector<int64_t> stamps_;
+  int recorded_ = 0, reads_ = 0, releases_ = 0;
+};
+TimedPretendGpu& timed_gpu() {
+  static TimedPretendGpu g;
+  return g;
+}
+struct InstallTimedGpu {
+  Backend* (*saved)(int) = detail::cuda_backend_factory();
+  int count = detail::cuda_device_count_slot();
+  InstallTimedGpu() {
+    register_cuda_backend([](int) -> Backend* { return &timed_gpu(); }, 1);
+  }
+  ~InstallTimedGpu() { register_cuda_backend(saved, count); }
+};
+}  // namespace
+
+TEST_CASE("profiler: device time from timing events, read back once per step", "[profile][device]") {
+  if (cuda::is_available()) {
+    std::printf("SKIPPED: a real GPU is present (this test installs a pretend cuda:0)\n");
+    return;
+  }
+  InstallTimedGpu install;
+  Tensor<float> a = Tensor<float>::ones({32, 32}).to(Device::cuda(0));
+  fs::path dir = temp_dir("device");
+  profile::Profiler p({.trace_path = (dir / "t.json").string()});
+  p.start();
+  for (int step = 0; step < 2; ++step) {
+    const int reads_before = timed_gpu().reads_;
+    (void)matmul(a, a);
+    (void)relu(a);
+    CHECK(timed_gpu().reads_ == reads_before);  // nothing read (no synchronisation) mid-step
+    p.step();
+    CHECK(timed_gpu().reads_ > reads_before);   // read back at the step's end
+  }
+  p.stop();
+  CHECK(timed_gpu().releases_ >= 2);  // events returned to the pool at each step's end
+  auto mm = named(p, "matmul");
+  REQUIRE(mm.size() == 2);
+  for (const auto* e : mm) {
+    CHECK(e->device == Device::cuda(0));
+    CHECK(e->device_ns >= 0);
+    CHECK(e->device_ns <= e->duration_ns());
+    CHECK(e->device_begin_ns >= e->begin_ns - 1000);
+  }
+  for (const auto& s : p.steps()) {
+    CHECK(s.device_ns >= 0);
+    CHECK(s.device_ns <= s.duration_ns());
+  }
+  auto f = p.figures(p.steps()[1]);
+  CHECK(f.device == "cuda:0");
+  CHECK(f.device_busy >= 0);
+  CHECK(f.device_busy <= 1.0);
+  auto ka = p.key_averages();
+  REQUIRE(ka.find("matmul") != nullptr);
+  CHECK(ka.find("matmul")->device_ns >= 0);
+  CHECK_THAT(ka.table(), Contains("Device"));
+  CHECK_THAT(p.step_report(), Contains("Device busy"));
+  // The trace has a device track with the ops.
+  nlohmann::json j = read_json(dir / "t.json");
+  int device_events = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X" && e["pid"] == 1) ++device_events;
+  CHECK(device_events == 4);
+  fs::remove_all(dir);
+}

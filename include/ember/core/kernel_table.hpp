@@ -209,6 +209,17 @@ class Backend {
   virtual void wait_upload(uint64_t ticket) = 0;
 
   virtual void preprocess_images(const PreprocessArgs& a, const uint8_t* x, const int32_t* params, void* y) = 0;
+
+  // Timing events, for the profiler's device time (profile/profiler.hpp): an event from a pool,
+  // recorded on the compute stream after the work queued so far, with no synchronisation. The
+  // profiler records one before and one after each op and reads them back at the end of a step.
+  // Returns an id > 0, or 0 when the device has none (the CPU: its ops take the host's time).
+  virtual uint64_t timing_event_record() { return 0; }
+  // Milliseconds from event `start` to event `end`, waiting for `end` to complete; negative when
+  // either is 0 or unknown.
+  virtual double timing_event_elapsed_ms(uint64_t start, uint64_t end) { return -1.0; }
+  // Returns every event recorded so far to the pool (their ids become invalid).
+  virtual void timing_events_release() {}
 };
 
 namespace detail {

@@ -32,12 +32,14 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -89,6 +91,7 @@ struct Event {
   int64_t self_ns = 0;      // minus the time in nested ops, modules and ranges
   int64_t peak_bytes = -1;  // largest memory reading while open (on `device`); -1: none
   int64_t device_ns = -1;   // time on the GPU (CUDA events); -1: none
+  int64_t device_begin_ns = -1;  // where it ran on the device's timeline (same origin); -1: none
   Device device;
   bool unfinished = false;  // still open when the session stopped (an exception, a thread)
   int64_t duration_ns() const { return end_ns - begin_ns; }
@@ -263,10 +266,27 @@ inline int64_t host_memory_total() {
   return -1;
 }
 
+// What a thread records: compact, no string is built per op (op names are literals kept by
+// pointer, other names and input shapes are interned per thread and turned into text at stop()).
+struct RawEvent {
+  EventKind kind = EventKind::Op;
+  bool unfinished = false;
+  int32_t depth = 0;
+  const char* literal = nullptr;  // the name, when a string literal (ops, phases)
+  uint32_t name = 0;              // else an index into ThreadBuffer::strings
+  uint32_t shapes = 0;            // 1 + index into ThreadBuffer::shape_sets; 0: none
+  int64_t begin_ns = 0, end_ns = 0, self_ns = 0;
+  int64_t peak_bytes = -1;
+  int64_t device_ns = -1, device_begin_ns = -1;
+  Device device;
+};
+
 struct Frame {
-  EventKind kind;
-  std::string name;
-  std::string shapes;
+  EventKind kind = EventKind::Op;
+  const char* literal = nullptr;
+  uint32_t name = 0;
+  uint32_t path = 0;        // modules: the dotted name, for the children's names
+  uint32_t shapes = 0;
   int64_t begin_ns = 0;
   int64_t child_ns = 0;
   int64_t peak_bytes = -1;
@@ -276,8 +296,41 @@ struct Frame {
   trace::Phase phase = trace::Phase::DataWait;
   bool auto_forward = false;  // a Forward phase begun by a top-level module call
   bool pushed_external = false;
-  bool root = false;          // a module called outside every other module
-  std::string type_name;      // modules: the class
+  bool root = false;          // a root module (called outside every other, with no name of its own)
+  bool marker = false;        // a repeated scope of the module already innermost: ends silently
+  Backend* timed = nullptr;   // ops on a GPU (step thread): the backend of the timing events
+  uint64_t ev_start = 0;
+};
+
+// An op's pair of timing events, read back at the end of the step.
+struct PendingTiming {
+  size_t event = 0;  // index into ThreadBuffer::events
+  Backend* backend = nullptr;
+  uint64_t start = 0, end = 0;
+  bool top_level = true;  // no op around it: counts toward the step's device time
+};
+struct TimingReference {
+  Backend* backend = nullptr;
+  uint64_t event = 0;  // recorded at host time host_ns
+  int64_t host_ns = 0;
+};
+
+struct RawCounter {
+  uint32_t slot;  // device slot: "memory <device>"
+  int64_t ts_ns;
+  int64_t bytes;
+};
+
+// An interned set of input shapes.
+struct ShapeSet {
+  int n = 0;
+  std::array<Shape, trace::kMaxOpInputs> shapes;
+  bool same(const trace::OpInput* in, int k) const {
+    if (k != n) return false;
+    for (int i = 0; i < k; ++i)
+      if (!(shapes[static_cast<size_t>(i)] == in[i].shape)) return false;
+    return true;
+  }
 };
 
 struct Session;
@@ -289,26 +342,68 @@ struct ThreadBuffer {
   int index = 0;
   bool step_thread = false;
   std::vector<Frame> stack;
-  std::vector<Event> events;
-  std::vector<CounterSample> counters;
+  std::deque<RawEvent> events;  // a deque: appending never moves what was recorded
+  std::vector<RawCounter> counters;
+  // Interned names (modules, ranges, backward nodes) and input shapes.
+  std::vector<std::string> strings;
+  std::map<std::string, uint32_t, std::less<>> string_ids;
+  std::unordered_map<std::string, uint32_t> backward_ids;           // node name -> "<name>_backward"
+  std::map<std::pair<const void*, uint32_t>, std::pair<uint32_t, uint32_t>> module_ids;  // (module, parent path) -> (display, path)
+  std::vector<ShapeSet> shape_sets;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> shape_ids;    // hash -> candidates
   // Step accounting (the step thread only).
   std::vector<trace::Phase> phases;  // open phases, innermost last
   int64_t last_charge_ns = 0;
+  std::vector<PendingTiming> timings;
+  std::vector<TimingReference> references;  // one per GPU used in the step
+
+  uint32_t intern(std::string_view s) {
+    auto it = string_ids.find(s);
+    if (it != string_ids.end()) return it->second;
+    const auto id = static_cast<uint32_t>(strings.size());
+    strings.emplace_back(s);
+    string_ids.emplace(std::string(s), id);
+    return id;
+  }
+  uint32_t intern_shapes(const trace::OpInput* in, int n) {
+    uint64_t h = 1469598103934665603ULL ^ static_cast<uint64_t>(n);
+    for (int i = 0; i < n; ++i) {
+      h = (h ^ static_cast<uint64_t>(in[i].shape.dim())) * 1099511628211ULL;
+      for (int64_t d : in[i].shape) h = (h ^ static_cast<uint64_t>(d)) * 1099511628211ULL;
+    }
+    auto& ids = shape_ids[h];
+    for (uint32_t id : ids)
+      if (shape_sets[id].same(in, n)) return id + 1;
+    ShapeSet set;
+    set.n = n;
+    for (int i = 0; i < n; ++i) set.shapes[static_cast<size_t>(i)] = in[i].shape;
+    shape_sets.push_back(set);
+    ids.push_back(static_cast<uint32_t>(shape_sets.size() - 1));
+    return static_cast<uint32_t>(shape_sets.size());
+  }
+  std::string shapes_string(uint32_t id) const {
+    if (id == 0) return {};
+    const ShapeSet& set = shape_sets[id - 1];
+    trace::OpInput in[trace::kMaxOpInputs];
+    for (int i = 0; i < set.n; ++i) in[i].shape = set.shapes[static_cast<size_t>(i)];
+    return shapes_text(in, set.n);
+  }
+  const char* name_of(const Frame& f) const { return f.literal ? f.literal : strings[f.name].c_str(); }
 };
 
 struct Session {
   ProfilerOptions options;
   int64_t origin_ns = 0;
   std::vector<Device> devices;  // read at every memory reading
-  std::mutex mutex;             // threads, async, steps, pending figures
+  int64_t host_total_bytes = -1;
+  std::mutex mutex;             // threads, async, steps
   std::vector<std::shared_ptr<ThreadBuffer>> threads;
   std::vector<std::string> thread_names;
   std::vector<Event> async_events;
   std::vector<StepRecord> steps;
   StepRecord current;  // the step being recorded (step thread, under its buffer's mutex)
   std::atomic<int64_t> pending_comm_ns{0};
-  std::vector<int64_t> seen_peak;  // per device: the device's peak at the last reading
-  std::mutex memory_mutex;
+  std::unique_ptr<std::atomic<int64_t>[]> seen_peak;  // per device: its peak at the last reading
 };
 
 inline std::atomic<uint64_t>& session_generation() {
@@ -346,6 +441,7 @@ inline ThreadBuffer* thread_buffer() {
   if (!s) return nullptr;
   auto buf = std::make_shared<ThreadBuffer>();
   buf->session = s.get();
+  buf->stack.reserve(64);
   {
     std::lock_guard<std::mutex> l2(s->mutex);
     buf->index = static_cast<int>(s->threads.size());
@@ -377,27 +473,27 @@ class Recorder final : public trace::Listener {
     });
   }
   void range_begin(const char* name) override {
-    with_buffer([&](ThreadBuffer& b, Session& s, int64_t now) { push(b, s, now, EventKind::Range, name, {}, nullptr); });
+    with_buffer([&](ThreadBuffer& b, Session& s, int64_t now) {
+      Frame& f = push(b, s, now, EventKind::Range);
+      f.name = b.intern(name ? name : "(null)");
+      external_push(s, f, b);
+    });
   }
   void range_end(const char*) override { end_kind(EventKind::Range); }
   void op_begin(const char* name, const trace::OpInput* in, int n) override {
     with_buffer([&](ThreadBuffer& b, Session& s, int64_t now) {
-      Frame& f = push(b, s, now, EventKind::Op, name, s.options.record_shapes ? shapes_text(in, n) : std::string(),
-                      nullptr);
-      if (n > 0) {
-        f.device = in[0].device;
-        f.device_set = true;
-      }
+      Frame& f = push(b, s, now, EventKind::Op);
+      f.literal = name;
+      begin_op(b, s, f, in, n, now);
     });
   }
   void backward_op_begin(const std::string& node_name, const trace::OpInput* in, int n) override {
     with_buffer([&](ThreadBuffer& b, Session& s, int64_t now) {
-      Frame& f = push(b, s, now, EventKind::BackwardOp, node_name + "_backward",
-                      s.options.record_shapes ? shapes_text(in, n) : std::string(), nullptr);
-      if (n > 0) {
-        f.device = in[0].device;
-        f.device_set = true;
-      }
+      auto it = b.backward_ids.find(node_name);
+      if (it == b.backward_ids.end()) it = b.backward_ids.emplace(node_name, b.intern(node_name + "_backward")).first;
+      Frame& f = push(b, s, now, EventKind::BackwardOp);
+      f.name = it->second;
+      begin_op(b, s, f, in, n, now);
     });
   }
   void op_end(const char*) override {
@@ -413,36 +509,46 @@ class Recorder final : public trace::Listener {
     with_buffer([&](ThreadBuffer& b, Session& s, int64_t now) {
       const Frame* parent = nullptr;
       for (auto it = b.stack.rbegin(); it != b.stack.rend(); ++it)
-        if (it->kind == EventKind::Module) {
+        if (it->kind == EventKind::Module && !it->marker) {
           parent = &*it;
           break;
         }
       if (parent && parent->module == module) {  // the same call seen twice (operator() then forward)
-        Frame marker;
-        marker.kind = EventKind::Module;
-        marker.module = nullptr;  // ends silently
-        b.stack.push_back(std::move(marker));
+        Frame& m = push(b, s, now, EventKind::Module);
+        m.marker = true;
+        m.module = module;
         return;
       }
       // A top-level module call outside every phase is the forward phase.
       if (!parent && b.phases.empty() && b.step_thread) begin_phase(b, s, now, trace::Phase::Forward, true);
-      // A root is named by its class; its children from the root down ("layers.3.attn", not
-      // "Model.layers.3.attn"), as named_parameters() names their parameters.
-      const std::string& local = local_name.empty() ? type_name : local_name;
-      std::string name = (!parent || parent->root) ? local : parent->name + "." + local;
-      Frame& f = push(b, s, now, EventKind::Module, std::move(name), {}, module);
-      f.root = parent == nullptr;
-      f.type_name = type_name;
+      // Names, cached per (module, parent): a root is named by its class, its children from the
+      // root down ("layers.3.attn", not "Model.layers.3.attn"), as named_parameters() names them.
+      const bool root = parent == nullptr && local_name.empty();
+      const uint32_t parent_key = parent ? (parent->root ? ~0u - 1 : parent->path) : ~0u;
+      auto key = std::make_pair(module, parent_key);
+      auto it = b.module_ids.find(key);
+      if (it == b.module_ids.end()) {
+        const std::string& local = local_name.empty() ? type_name : local_name;
+        std::string path = (!parent || parent->root) ? local : b.strings[parent->path] + "." + local;
+        const std::string display = path == type_name ? path : path + " (" + type_name + ")";
+        const uint32_t path_id = b.intern(path);
+        it = b.module_ids.emplace(key, std::make_pair(b.intern(display), path_id)).first;
+      }
+      Frame& f = push(b, s, now, EventKind::Module);
+      f.name = it->second.first;
+      f.path = it->second.second;
+      f.module = module;
+      f.root = root;
+      external_push(s, f, b);
     });
   }
   void module_end(const void* module) override {
     with_buffer([&](ThreadBuffer& b, Session& s, int64_t now) {
-      if (b.stack.empty() || b.stack.back().kind != EventKind::Module) return;
-      if (b.stack.back().module == nullptr) {  // the marker of a repeated scope
+      if (b.stack.empty() || b.stack.back().kind != EventKind::Module || b.stack.back().module != module) return;
+      if (b.stack.back().marker) {
         b.stack.pop_back();
         return;
       }
-      if (b.stack.back().module != module) return;
       end_frame(b, s, now);
       if (!b.stack.empty() && b.stack.back().kind == EventKind::Phase && b.stack.back().auto_forward) end_frame(b, s, now);
     });
@@ -471,6 +577,7 @@ class Recorder final : public trace::Listener {
       if (!b.step_thread) return;
       charge(b, s, now);
       if (s.options.profile_memory) read_all_memory(b, s, now);
+      resolve_timings(b, s);
       close_step(b, s, now, samples);
     });
   }
@@ -485,23 +592,29 @@ class Recorder final : public trace::Listener {
     f(*b, *b->session, trace::now_ns());
   }
 
-  static Frame& push(ThreadBuffer& b, Session& s, int64_t now, EventKind kind, std::string name, std::string shapes,
-                     const void* module) {
-    Frame f;
+  static Frame& push(ThreadBuffer& b, Session&, int64_t now, EventKind kind) {
+    b.stack.emplace_back();
+    Frame& f = b.stack.back();
     f.kind = kind;
-    f.name = std::move(name);
-    f.shapes = std::move(shapes);
     f.begin_ns = now;
-    f.module = module;
-    if (s.options.external_ranges) {
-      const trace::ExternalRanges& x = trace::external_ranges();
-      if (x.push) {
-        x.push(f.name.c_str());
-        f.pushed_external = true;
-      }
+    return f;
+  }
+  static void external_push(Session& s, Frame& f, const ThreadBuffer& b) {
+    if (!s.options.external_ranges) return;
+    const trace::ExternalRanges& x = trace::external_ranges();
+    if (x.push) {
+      x.push(b.name_of(f));
+      f.pushed_external = true;
     }
-    b.stack.push_back(std::move(f));
-    return b.stack.back();
+  }
+  static void begin_op(ThreadBuffer& b, Session& s, Frame& f, const trace::OpInput* in, int n, int64_t now) {
+    if (s.options.record_shapes) f.shapes = b.intern_shapes(in, n);
+    if (n > 0) {
+      f.device = in[0].device;
+      f.device_set = true;
+      start_timing(b, f, now);
+    }
+    external_push(s, f, b);
   }
 
   static void begin_phase(ThreadBuffer& b, Session& s, int64_t now, trace::Phase p, bool auto_forward) {
@@ -509,9 +622,11 @@ class Recorder final : public trace::Listener {
       charge(b, s, now);
       b.phases.push_back(p);
     }
-    Frame& f = push(b, s, now, EventKind::Phase, trace::phase_name(p), {}, nullptr);
+    Frame& f = push(b, s, now, EventKind::Phase);
+    f.literal = trace::phase_name(p);
     f.phase = p;
     f.auto_forward = auto_forward;
+    external_push(s, f, b);
     if (s.options.profile_memory && b.step_thread) read_all_memory(b, s, now);
   }
 
@@ -526,7 +641,7 @@ class Recorder final : public trace::Listener {
   }
 
   static void end_frame(ThreadBuffer& b, Session& s, int64_t now, bool unfinished = false) {
-    Frame f = std::move(b.stack.back());
+    const Frame f = b.stack.back();
     b.stack.pop_back();
     if (f.pushed_external) {
       const trace::ExternalRanges& x = trace::external_ranges();
@@ -537,28 +652,33 @@ class Recorder final : public trace::Listener {
       charge(b, s, now);
       if (!b.phases.empty()) b.phases.pop_back();
     }
-    Event e;
+    if (f.timed) {
+      const uint64_t end_ev = f.timed->timing_event_record();
+      bool top = true;
+      for (const Frame& o : b.stack)
+        if (o.kind == EventKind::Op || o.kind == EventKind::BackwardOp) top = false;
+      if (end_ev != 0) b.timings.push_back(PendingTiming{b.events.size(), f.timed, f.ev_start, end_ev, top});
+    }
+    RawEvent& e = b.events.emplace_back();
     e.kind = f.kind;
-    e.name = f.kind == EventKind::Module && !f.type_name.empty() && f.name != f.type_name
-                 ? f.name + " (" + f.type_name + ")"
-                 : std::move(f.name);
-    e.shapes = f.kind == EventKind::Module ? std::string() : std::move(f.shapes);
-    e.thread = b.index;
-    e.depth = static_cast<int>(b.stack.size());
+    e.literal = f.literal;
+    e.name = f.name;
+    e.shapes = f.shapes;
+    e.depth = static_cast<int32_t>(b.stack.size());
     e.begin_ns = f.begin_ns - s.origin_ns;
     e.end_ns = now - s.origin_ns;
-    e.self_ns = f.kind == EventKind::Phase ? e.duration_ns() : e.duration_ns() - f.child_ns;
+    const int64_t dur = now - f.begin_ns;
+    e.self_ns = f.kind == EventKind::Phase ? dur : dur - f.child_ns;
     e.peak_bytes = f.peak_bytes;
     e.device = f.device;
     e.unfinished = unfinished;
     if (f.kind != EventKind::Phase) {
       for (auto it = b.stack.rbegin(); it != b.stack.rend(); ++it)
-        if (it->kind != EventKind::Phase && !(it->kind == EventKind::Module && it->module == nullptr)) {
-          it->child_ns += e.duration_ns();
+        if (it->kind != EventKind::Phase && !it->marker) {
+          it->child_ns += dur;
           break;
         }
     }
-    b.events.push_back(std::move(e));
   }
 
   void end_kind(EventKind k) {
@@ -568,6 +688,46 @@ class Recorder final : public trace::Listener {
     });
   }
 
+  // GPU ops on the step thread get a pair of timing events (no synchronisation now).
+  static void start_timing(ThreadBuffer& b, Frame& f, int64_t now) {
+    if (!b.step_thread || f.device.is_cpu()) return;
+    Backend& be = backend_for(f.device);
+    bool have_ref = false;
+    for (const TimingReference& r : b.references) have_ref = have_ref || r.backend == &be;
+    if (!have_ref) {
+      const uint64_t ref = be.timing_event_record();
+      if (ref == 0) return;  // this device keeps no timing events
+      b.references.push_back({&be, ref, now});
+    }
+    f.ev_start = be.timing_event_record();
+    if (f.ev_start != 0) f.timed = &be;
+  }
+
+ public:
+  // Reads back the step's timing events (waiting for the device once, at the last of them), puts
+  // device times on the events and the step, and returns the events to their pools.
+  static void resolve_timings(ThreadBuffer& b, Session& s) {
+    if (b.timings.empty() && b.references.empty()) return;
+    int64_t step_device = -1;
+    for (const PendingTiming& t : b.timings) {
+      const double ms = t.backend->timing_event_elapsed_ms(t.start, t.end);
+      if (ms < 0) continue;
+      RawEvent& e = b.events[t.event];
+      e.device_ns = static_cast<int64_t>(ms * 1e6);
+      for (const TimingReference& r : b.references)
+        if (r.backend == t.backend) {
+          const double at = t.backend->timing_event_elapsed_ms(r.event, t.start);
+          if (at >= 0) e.device_begin_ns = r.host_ns - s.origin_ns + static_cast<int64_t>(at * 1e6);
+        }
+      if (t.top_level) step_device = std::max<int64_t>(step_device, 0) + e.device_ns;
+    }
+    for (const TimingReference& r : b.references) r.backend->timing_events_release();
+    b.timings.clear();
+    b.references.clear();
+    s.current.device_ns = step_device;
+  }
+
+ private:
   static size_t device_slot(Session& s, Device d) {
     for (size_t i = 0; i < s.devices.size(); ++i)
       if (s.devices[i] == d) return i;
@@ -579,17 +739,14 @@ class Recorder final : public trace::Listener {
   static void read_memory(ThreadBuffer& b, Session& s, Device d, int64_t now) {
     const size_t slot = device_slot(s, d);
     if (slot == s.devices.size()) return;
-    MemoryStats st = backend_for(d).memory_stats();
+    const MemoryStats st = backend_for(d).memory_stats();
     int64_t value = st.current_bytes;
-    {
-      std::lock_guard<std::mutex> lock(s.memory_mutex);
-      if (st.peak_bytes > s.seen_peak[slot]) {
-        value = std::max(value, st.peak_bytes);  // the high-water mark rose since the last reading
-        s.seen_peak[slot] = st.peak_bytes;
-      }
+    int64_t seen = s.seen_peak[slot].load(std::memory_order_relaxed);
+    while (st.peak_bytes > seen && !s.seen_peak[slot].compare_exchange_weak(seen, st.peak_bytes)) {
     }
+    if (st.peak_bytes > seen) value = std::max(value, st.peak_bytes);  // the high-water mark rose since the last reading
     for (Frame& f : b.stack) {
-      if (f.kind == EventKind::Module && f.module == nullptr) continue;
+      if (f.marker) continue;
       if (f.device_set && !(f.device == d)) continue;
       f.device = d;
       f.device_set = true;
@@ -602,9 +759,13 @@ class Recorder final : public trace::Listener {
       const size_t ph = b.phases.empty() ? trace::kNumPhases : static_cast<size_t>(b.phases.back());
       m.phase_peak[ph] = std::max(m.phase_peak[ph], value);
     }
-    if (b.counters.empty() || b.counters.back().value != static_cast<double>(st.current_bytes) ||
-        b.counters.back().name != "memory " + d.str())
-      b.counters.push_back({"memory " + d.str(), now - s.origin_ns, static_cast<double>(st.current_bytes)});
+    // A counter sample when the value changed since this thread's last sample of the device.
+    for (auto it = b.counters.rbegin(); it != b.counters.rend(); ++it)
+      if (it->slot == slot) {
+        if (it->bytes == st.current_bytes) return;
+        break;
+      }
+    b.counters.push_back({static_cast<uint32_t>(slot), now - s.origin_ns, st.current_bytes});
   }
   static void read_all_memory(ThreadBuffer& b, Session& s, int64_t now) {
     for (const Device& d : s.devices) read_memory(b, s, d, now);
@@ -615,15 +776,13 @@ class Recorder final : public trace::Listener {
     r.end_ns = now - s.origin_ns;
     r.samples = samples;
     r.communication_total_ns = s.pending_comm_ns.exchange(0);
-    for (size_t i = 0; i < r.memory.size(); ++i) r.memory[i].capacity_bytes = capacity(s.devices[i]);
-    Event e;
+    for (size_t i = 0; i < r.memory.size(); ++i) r.memory[i].capacity_bytes = capacity(s, s.devices[i]);
+    RawEvent& e = b.events.emplace_back();
     e.kind = EventKind::Step;
-    e.name = "ProfilerStep#" + std::to_string(r.index);
-    e.thread = b.index;
+    e.name = b.intern("ProfilerStep#" + std::to_string(r.index));
     e.begin_ns = r.begin_ns;
     e.end_ns = r.end_ns;
-    e.self_ns = e.duration_ns();
-    b.events.push_back(std::move(e));
+    e.self_ns = r.end_ns - r.begin_ns;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
       s.steps.push_back(r);
@@ -632,10 +791,10 @@ class Recorder final : public trace::Listener {
   }
 
  public:
-  static int64_t capacity(Device d) {
+  static int64_t capacity(const Session& s, Device d) {
     const MemoryStats st = backend_for(d).memory_stats();
     if (st.limit_bytes >= 0) return st.limit_bytes;
-    if (d.is_cpu()) return host_memory_total();
+    if (d.is_cpu()) return s.host_total_bytes;
     return -1;  // a GPU's size comes from the device monitor (Profiler::set_device_utilisation)
   }
   static void reset_step(Session& s, int64_t index, int64_t now) {
@@ -649,13 +808,41 @@ class Recorder final : public trace::Listener {
   // way out, another thread mid-op).
   static void close_open(ThreadBuffer& b, Session& s, int64_t now) {
     while (!b.stack.empty()) {
-      if (b.stack.back().kind == EventKind::Module && b.stack.back().module == nullptr) {
+      if (b.stack.back().marker) {
         b.stack.pop_back();
         continue;
       }
       end_frame(b, s, now, /*unfinished=*/true);
     }
     if (b.step_thread) charge(b, s, now);
+  }
+  // The thread's events as Events (names and shapes as text).
+  static void export_events(const ThreadBuffer& b, std::vector<Event>& out, std::vector<CounterSample>& counters,
+                            const Session& s) {
+    std::unordered_map<uint32_t, std::string> shapes;
+    for (const RawEvent& r : b.events) {
+      Event e;
+      e.kind = r.kind;
+      e.name = r.literal ? std::string(r.literal) : b.strings[r.name];
+      if (r.shapes) {
+        auto it = shapes.find(r.shapes);
+        if (it == shapes.end()) it = shapes.emplace(r.shapes, b.shapes_string(r.shapes)).first;
+        e.shapes = it->second;
+      }
+      e.thread = b.index;
+      e.depth = r.depth;
+      e.begin_ns = r.begin_ns;
+      e.end_ns = r.end_ns;
+      e.self_ns = r.self_ns;
+      e.peak_bytes = r.peak_bytes;
+      e.device_ns = r.device_ns;
+      e.device_begin_ns = r.device_begin_ns;
+      e.device = r.device;
+      e.unfinished = r.unfinished;
+      out.push_back(std::move(e));
+    }
+    for (const RawCounter& c : b.counters)
+      counters.push_back({"memory " + s.devices[c.slot].str(), c.ts_ns, static_cast<double>(c.bytes)});
   }
 };
 
@@ -686,7 +873,9 @@ class Profiler {
     s->options = options_;
     s->devices.push_back(Device::cpu());
     for (int i = 0; i < cuda::device_count(); ++i) s->devices.push_back(Device::cuda(i));
-    for (const Device& d : s->devices) s->seen_peak.push_back(backend_for(d).memory_stats().peak_bytes);
+    s->seen_peak = std::make_unique<std::atomic<int64_t>[]>(s->devices.size());
+    for (size_t i = 0; i < s->devices.size(); ++i) s->seen_peak[i].store(backend_for(s->devices[i]).memory_stats().peak_bytes);
+    s->host_total_bytes = detail::host_memory_total();
     {
       std::lock_guard<std::mutex> lock(detail::session_mutex());
       EMBER_CHECK(!detail::current_session(), ValueError,
@@ -738,12 +927,13 @@ class Profiler {
     for (auto& b : threads) {
       std::lock_guard<std::mutex> lock(b->mutex);
       detail::Recorder::close_open(*b, *s, now);
+      if (b->step_thread) detail::Recorder::resolve_timings(*b, *s);
       b->active = false;
       if (b->step_thread && s->steps.empty()) {  // no step() at all: the whole session is one step
         StepRecord r = s->current;
         r.end_ns = now - s->origin_ns;
         r.communication_total_ns = s->pending_comm_ns.exchange(0);
-        for (size_t i = 0; i < r.memory.size(); ++i) r.memory[i].capacity_bytes = detail::Recorder::capacity(s->devices[i]);
+        for (size_t i = 0; i < r.memory.size(); ++i) r.memory[i].capacity_bytes = detail::Recorder::capacity(*s, s->devices[i]);
         s->steps.push_back(r);
       }
     }
@@ -990,6 +1180,25 @@ class Profiler {
       if (e.unfinished) out += ",\"unfinished\":true";
       out += "}}";
     }
+    // A track per GPU stream: the ops' device times from CUDA events.
+    std::set<int> gpu_tracks;
+    for (const Event& e : events_) {
+      if (e.device_begin_ns < 0 || e.device_ns < 0) continue;
+      if (gpu_tracks.insert(e.device.index()).second) {
+        sep();
+        out += "{\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(e.device.index()) +
+               ",\"name\":\"thread_name\",\"args\":{\"name\":\"" + e.device.str() + " compute stream\"}}";
+      }
+      sep();
+      out += "{\"ph\":\"X\",\"pid\":1,\"tid\":" + std::to_string(e.device.index()) + ",\"ts\":" + us(e.device_begin_ns) +
+             ",\"dur\":" + us(e.device_ns) + ",\"cat\":\"device\",\"name\":";
+      logging::append_json_string(out, e.name);
+      out += "}";
+    }
+    if (!gpu_tracks.empty()) {
+      sep();
+      out += "{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"ember devices\"}}";
+    }
     auto counter = [&](const CounterSample& c, int64_t ts) {
       sep();
       out += "{\"ph\":\"C\",\"pid\":0,\"ts\":" + us(ts) + ",\"name\":";
@@ -1015,8 +1224,7 @@ class Profiler {
     counters_.clear();
     for (auto& b : threads) {
       std::lock_guard<std::mutex> lock(b->mutex);
-      events_.insert(events_.end(), std::make_move_iterator(b->events.begin()), std::make_move_iterator(b->events.end()));
-      counters_.insert(counters_.end(), b->counters.begin(), b->counters.end());
+      detail::Recorder::export_events(*b, events_, counters_, s);
       b->events.clear();
     }
     std::lock_guard<std::mutex> lock(s.mutex);

@@ -228,6 +228,32 @@ class CudaBackend final : public Backend {
     retire_uploads();
   }
 
+  // ---- timing events (the profiler's device time): a pool that only grows; ids are 1 + index.
+  uint64_t timing_event_record() override {
+    Guard g(device_);
+    std::lock_guard<std::mutex> lock(timing_mu_);
+    if (timing_used_ == timing_events_.size()) {
+      cudaEvent_t e = nullptr;
+      EMBER_CUDA_CHECK(cudaEventCreate(&e));  // with timing (the default flags)
+      timing_events_.push_back(e);
+    }
+    EMBER_CUDA_CHECK(cudaEventRecord(timing_events_[timing_used_], stream_));
+    return ++timing_used_;
+  }
+  double timing_event_elapsed_ms(uint64_t start, uint64_t end) override {
+    Guard g(device_);
+    std::lock_guard<std::mutex> lock(timing_mu_);
+    if (start == 0 || end == 0 || start > timing_used_ || end > timing_used_) return -1.0;
+    EMBER_CUDA_CHECK(cudaEventSynchronize(timing_events_[end - 1]));
+    float ms = 0;
+    EMBER_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_events_[start - 1], timing_events_[end - 1]));
+    return ms;
+  }
+  void timing_events_release() override {
+    std::lock_guard<std::mutex> lock(timing_mu_);
+    timing_used_ = 0;
+  }
+
   // ---- fused image preprocessing (kernels/preprocess.cuh)
   void preprocess_images(const PreprocessArgs& a, const uint8_t* x, const int32_t* params, void* y) override {
     const int64_t total = a.n * a.c * a.out_h * a.out_w;
@@ -638,6 +664,9 @@ class CudaBackend final : public Backend {
   }
   cudaStream_t copy_stream_ = nullptr;
   std::mutex upload_mu_;
+  std::mutex timing_mu_;                     // the timing event pool
+  std::vector<cudaEvent_t> timing_events_;   // never destroyed (the backend lives for the program)
+  size_t timing_used_ = 0;
   std::vector<Upload> pending_uploads_, free_uploads_;
   uint64_t last_ticket_ = 0, finished_ticket_ = 0;
 };

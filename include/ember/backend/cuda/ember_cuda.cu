@@ -7,8 +7,11 @@
 // backend is still registered so that ember::cuda::is_compiled() is true). A device's stream,
 // memory pool, cuBLAS handle and backend object are created on its first use.
 #include <ember/core/tensor.hpp>
+#include <ember/core/trace.hpp>
 
 #include <mutex>
+
+#include <nvtx3/nvToolsExt.h>  // header-only (NVTX 3): ranges that Nsight Systems shows
 
 #include "ember/backend/cuda/allocator.hpp"
 #include "ember/backend/cuda/cublas.hpp"
@@ -35,8 +38,16 @@ Backend* backend_for_device(int device) {
   return s.backend;
 }
 
+void nvtx_push(const char* name) { nvtxRangePushA(name); }
+void nvtx_pop() { nvtxRangePop(); }
+
 struct Registrar {
-  Registrar() { register_cuda_backend(&backend_for_device, ::ember::cuda::runtime_device_count()); }
+  Registrar() {
+    register_cuda_backend(&backend_for_device, ::ember::cuda::runtime_device_count());
+    // The profiler's ops, modules and phases as NVTX ranges (core/trace.hpp).
+    ::ember::trace::external_ranges().push = &nvtx_push;
+    ::ember::trace::external_ranges().pop = &nvtx_pop;
+  }
 };
 const Registrar registrar;
 
