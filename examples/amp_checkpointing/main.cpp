@@ -187,6 +187,13 @@ int main(int argc, char** argv) try {
                                    {"batch_size_finder", finder_json},
                                    {"seconds", examples::num(seconds, 4)}})
                   .c_str());
+  {
+    io::TensorList weights;  // the three parts under prefixes, as one torch module would name them
+    for (auto& [k, v] : net.input->state_dict()) weights.emplace_back("input." + k, v);
+    for (auto& [k, v] : net.hidden->state_dict()) weights.emplace_back("hidden." + k, v);
+    for (auto& [k, v] : net.output->state_dict()) weights.emplace_back("output." + k, v);
+    args.save_tensors(weights);
+  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "amp_checkpointing: %s\n", e.what());

@@ -228,6 +228,7 @@ int main(int argc, char** argv) try {
                                            {"train_seconds", examples::num(train_seconds, 4)},
                                            {"tokens_per_second", examples::num(progress.samples_per_second(), 6)}})
                           .c_str());
+  args.save_model(model);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "char_transformer: %s\n", e.what());

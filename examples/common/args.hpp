@@ -14,6 +14,7 @@ namespace examples {
 class Args {
  public:
   Args(int argc, char** argv, std::map<std::string, std::string> defaults) : values_(std::move(defaults)) {
+    values_.emplace("save", "");  // every example: --save PATH writes the trained weights
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "--help" || a == "-h") {
@@ -37,6 +38,15 @@ class Args {
   std::string str(const std::string& k) const { return values_.at(k); }
   int64_t integer(const std::string& k) const { return std::stoll(values_.at(k)); }
   double real(const std::string& k) const { return std::stod(values_.at(k)); }
+
+  // --save PATH: the trained weights as a safetensors file (PyTorch loads it with
+  // model.load_state_dict(safetensors.torch.load_file(PATH)) where the names match).
+  void save_model(const ember::nn::Module& model) const { save_tensors(model.state_dict()); }
+  void save_tensors(const ember::io::TensorList& tensors) const {
+    if (str("save").empty()) return;
+    ember::io::save_file(str("save"), tensors);
+    std::cerr << "saved " << tensors.size() << " tensors to " << str("save") << "\n";
+  }
 
   // --device auto|cpu|cuda|cuda:N; auto picks the first GPU when there is one.
   ember::Device device() const {

@@ -190,6 +190,7 @@ int main(int argc, char** argv) try {
       ++failed;
     }
   if (failed) return 1;
+  args.save_model(*models[0]);  // --save: rank 0's replica (every replica holds the same weights)
   std::printf("%s\n", lines[0].c_str());
   return 0;
 } catch (const std::exception& e) {

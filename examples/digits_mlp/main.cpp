@@ -2,6 +2,7 @@
 // shipped by Debian's python3-sklearn), on the GPU when there is one, else on the CPU.
 //
 //   digits_mlp [--device auto|cpu|cuda:N] [--epochs 30] [--batch-size 64] [--lr 0.05] [--seed 0]
+//              [--save weights.safetensors]
 //
 // Written with ember's tensors and autograd alone (parameters, forward, loss, an SGD-with-momentum
 // update), to show the core API. It prints a progress line and, last, one JSON line of metrics.
@@ -122,6 +123,7 @@ int main(int argc, char** argv) try {
       "\"samples_per_second\": %.1f}\n",
       dev.str().c_str(), static_cast<long long>(epochs), static_cast<long long>(train.n),
       static_cast<long long>(test.n), last_loss, accuracy, seconds, static_cast<double>(seen) / seconds);
+  args.save_tensors({{"fc1.weight", fc1.weight}, {"fc1.bias", fc1.bias}, {"fc2.weight", fc2.weight}, {"fc2.bias", fc2.bias}});
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "digits_mlp: %s\n", e.what());

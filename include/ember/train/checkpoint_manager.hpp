@@ -324,12 +324,17 @@ class CheckpointManager {
   }
 
  private:
-  detail::Snapshot snapshot(int64_t step, const CheckpointTargets& t, const CheckpointExtras& extras, bool copy) const {
+  // The state to write. copy: into host buffers of this manager's own (reused from one save to the
+  // next, so a save_async after the first costs one memcpy per tensor and no page faults), for a
+  // writer thread that runs while training changes the live tensors; else the live tensors.
+  detail::Snapshot snapshot(int64_t step, const CheckpointTargets& t, const CheckpointExtras& extras, bool copy) {
     EMBER_CHECK(step >= 0, ValueError, "CheckpointManager.save: step must be >= 0, got ", step);
     EMBER_CHECK(extras.data.is_object() && extras.user.is_object(), ValueError,
                 "CheckpointManager.save: data and user must be JSON objects");
     detail::Snapshot s;
     s.step = step;
+    size_t slot = 0;
+    auto take = [&](const AnyTensor& v) { return copy ? stage(v, slot++) : v.detach(); };
     if (t.model) {
       s.has_model = true;
       // Tied parameters (one storage, two names) are saved once each: safetensors refuses shared
@@ -337,17 +342,28 @@ class CheckpointManager {
       std::unordered_set<const Storage*> seen;
       for (auto& [name, v] : t.model->state_dict()) {
         const bool shared = v.nbytes() > 0 && v.impl()->storage && !seen.insert(v.impl()->storage.get()).second;
-        s.model.emplace_back(name, copy || shared ? detail::host_snapshot(v) : v.detach());
+        s.model.emplace_back(name, shared && !copy ? detail::host_snapshot(v) : take(v));
       }
     }
     if (t.optimizer) {
+      // Optimizer::state_dict()'s layout (state by parameter index across the groups), without its
+      // copies: the state tensors themselves, or their staged copies.
       s.has_optimizer = true;
-      s.optimizer = t.optimizer->state_dict();  // already a snapshot (copies)
       s.optimizer_name = t.optimizer->name();
-      if (copy)
-        for (auto& [i, st] : s.optimizer.state)
-          for (auto& [k, v] : st)
-            if (!v.device().is_cpu()) v = v.to(Device::cpu());
+      int64_t index = 0;
+      for (const auto& g : t.optimizer->param_groups()) {
+        optim::OptimizerStateDict::Group sg;
+        sg.options = g.options;
+        for (const auto& p : g.params) {
+          if (const optim::ParamState* st = t.optimizer->state(p)) {
+            optim::ParamState c;
+            for (const auto& [k, v] : *st) c.emplace_back(k, take(v));
+            s.optimizer.state.emplace(index, std::move(c));
+          }
+          sg.params.push_back(index++);
+        }
+        s.optimizer.param_groups.push_back(std::move(sg));
+      }
     }
     nlohmann::json& j = s.state;
     j["format"] = "ember.checkpoint";
@@ -497,6 +513,22 @@ class CheckpointManager {
     }
   }
 
+  // A host copy of v in staging buffer `slot` (reallocated when the shape or dtype changed).
+  AnyTensor stage(const AnyTensor& v, size_t slot) {
+    if (slot >= staging_.size()) staging_.resize(slot + 1);
+    AnyTensor& buf = staging_[slot];
+    if (!buf.defined() || buf.dtype() != v.dtype() || !(buf.shape() == v.shape()))
+      buf = AnyTensor::empty(v.shape(), v.dtype(), Device::cpu());
+    if (v.nbytes() > 0) {
+      if (v.device().is_cpu()) {
+        std::memcpy(buf.data_ptr(), v.data_ptr(), v.nbytes());
+      } else {
+        v.backend().copy_to_host(buf.data_ptr(), v.data_ptr(), v.nbytes());
+      }
+    }
+    return buf;
+  }
+
   void join() {
     if (writer_.joinable()) writer_.join();
   }
@@ -513,6 +545,7 @@ class CheckpointManager {
   std::thread writer_;
   std::mutex mu_;
   std::exception_ptr error_;
+  std::vector<AnyTensor> staging_;  // host copies for save_async, reused (touched only between saves)
   uint64_t counter_ = 0;  // only the thread that writes (one at a time) touches it
 };
 
