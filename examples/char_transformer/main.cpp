@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -30,8 +31,11 @@ using namespace ember;
 
 namespace {
 
+// The corpus: Debian's license texts, or the folder named by EMBER_TEXT_DIR (same file names; a
+// machine without Debian's base-files, such as the GPU check machine, gets a carried copy).
 std::string load_corpus() {
-  const char* dir = "/usr/share/common-licenses";
+  const char* env = std::getenv("EMBER_TEXT_DIR");
+  const char* dir = env && *env ? env : "/usr/share/common-licenses";
   const char* files[] = {"GPL-3", "GPL-2", "LGPL-2.1", "GFDL-1.3", "Apache-2.0", "MPL-2.0", "Artistic", "CC0-1.0"};
   std::string text;
   for (const char* f : files) {
@@ -43,7 +47,9 @@ std::string load_corpus() {
   }
   if (text.size() < 10000)
     throw std::runtime_error(std::string("char_transformer: no text found in ") + dir +
-                             " (Debian's base-files package installs the license texts there)");
+                             (env && *env ? " (set by EMBER_TEXT_DIR)"
+                                          : " (Debian's base-files package installs the license texts there; "
+                                            "EMBER_TEXT_DIR names another folder)"));
   return text;
 }
 
