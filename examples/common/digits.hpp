@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -22,9 +23,15 @@ struct Digits {
   int64_t n = 0;
 };
 
+// EMBER_DIGITS_CSV, when set, is the only place looked at (a machine whose Python lives in a
+// virtual environment has no Debian python3-sklearn: tools/gpu-check.sh sets it to a carried
+// copy); a path set but missing is an error that names it, not a silent fall-back.
 inline std::string find_digits_file() {
-  const char* env = std::getenv("EMBER_DIGITS_CSV");
-  if (env && std::filesystem::exists(env)) return env;
+  if (const char* env = std::getenv("EMBER_DIGITS_CSV"); env && *env) {
+    if (std::filesystem::is_regular_file(env)) return env;
+    throw std::runtime_error(std::string("digits data not found: EMBER_DIGITS_CSV is set to '") + env +
+                             "', which is not a file (it must be scikit-learn's digits.csv.gz)");
+  }
   const char* candidates[] = {
       "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz",
       "/usr/local/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz",
