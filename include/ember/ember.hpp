@@ -2,6 +2,7 @@
 // ember: the umbrella header. Including it gives the whole CPU library; the CUDA backend joins at
 // run time when the program also compiles include/ember/backend/cuda/ember_cuda.cu with nvcc
 // (CMake: link ember::cuda). See README "How CUDA kernels reach a program".
+#include "ember/core/macros.hpp"  // first: its C++20 check comes before any other error
 #include "ember/version.hpp"
 
 #include "ember/core/backend.hpp"
@@ -14,6 +15,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/core/trace.hpp"
 
+#include "ember/autograd/anomaly.hpp"
 #include "ember/autograd/engine.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/node.hpp"

@@ -48,7 +48,7 @@ EMBER_HD inline C unary(UnaryOp op, C x, C a, C b) {
     case UnaryOp::Log: return log_(x);
     case UnaryOp::Sqrt: return sqrt_(x);
     case UnaryOp::Abs: return abs_(x);
-    case UnaryOp::Relu: return x > C(0) ? x : C(0);
+    case UnaryOp::Relu: return (x > C(0) || isnan_(x)) ? x : C(0);  // NaN propagates, as torch.relu
     case UnaryOp::Gelu: return C(0.5) * x * (C(1) + erf_(x * C(kInvSqrt2)));
     case UnaryOp::GeluTanh: {
       C inner = C(kSqrt2OverPi) * (x + C(kGeluTanhCoef) * x * x * x);
@@ -79,7 +79,7 @@ EMBER_HD inline C unary_derivative(UnaryOp op, C x, C y, C a, C b) {
     case UnaryOp::Log: return C(1) / x;
     case UnaryOp::Sqrt: return C(0.5) / y;
     case UnaryOp::Abs: return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0));
-    case UnaryOp::Relu: return x > C(0) ? C(1) : C(0);
+    case UnaryOp::Relu: return x <= C(0) ? C(0) : C(1);  // torch's threshold_backward: passes at NaN
     case UnaryOp::Gelu: {
       C cdf = C(0.5) * (C(1) + erf_(x * C(kInvSqrt2)));
       C pdf = C(kInvSqrt2Pi) * exp_(C(-0.5) * x * x);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/core/checked_math.hpp"
 #include "ember/core/error.hpp"
 
 namespace ember {
@@ -17,14 +18,20 @@ class Shape {
  public:
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.end()); }
-  explicit Shape(const std::vector<int64_t>& dims) { assign(dims.begin(), dims.end()); }
+  // Implicit, so that a std::vector<int64_t> serves wherever a Shape is asked for
+  // (Tensor<float>::from_vector(values, dims), zeros(dims), reshape(dims)).
+  Shape(const std::vector<int64_t>& dims) { assign(dims.begin(), dims.end()); }  // NOLINT(google-explicit-constructor)
 
   int dim() const { return ndim_; }
   int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }
   int64_t& operator[](int i) { return dims_[static_cast<size_t>(i)]; }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int i = 0; i < ndim_; ++i) n *= dims_[static_cast<size_t>(i)];
+  // The element count. A shape whose count overflows int64 can be built (its dims are valid), but
+  // never silently wraps: numel() raises; checked_numel(op) raises naming the op (what factories,
+  // reshape, expand and broadcasting call first).
+  int64_t numel() const { return checked_numel("shape"); }
+  int64_t checked_numel(const char* op) const {
+    const int64_t n = checked::product_or_overflow(dims_.data(), ndim_);
+    EMBER_CHECK(n >= 0, ShapeError, op, ": shape ", str(), " has more elements than int64 can count");
     return n;
   }
   const int64_t* begin() const { return dims_.data(); }
@@ -41,7 +48,8 @@ class Shape {
     int64_t acc = 1;
     for (int i = ndim_ - 1; i >= 0; --i) {
       s[static_cast<size_t>(i)] = acc;
-      acc *= dims_[static_cast<size_t>(i)];
+      // Wraps (no UB) only for a shape with a zero dimension, whose strides nothing reads.
+      __builtin_mul_overflow(acc, dims_[static_cast<size_t>(i)], &acc);
     }
     return s;
   }

@@ -29,22 +29,26 @@ class AnyTensor {
   AnyTensor() = default;
   explicit AnyTensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // An uninitialised tensor of the given shape, dtype and device.
-  static AnyTensor empty(const Shape& shape, DType dtype, Device device = Device::cpu()) {
+  // An uninitialised tensor of the given shape, dtype and device. `op` names the caller in the
+  // error when the element count overflows (ShapeError) or the byte count cannot be allocated
+  // anywhere (OutOfMemory).
+  static AnyTensor empty(const Shape& shape, DType dtype, Device device = Device::cpu(), const char* op = "empty") {
+    const size_t bytes = checked::nbytes(shape.checked_numel(op), dtype_size(dtype), op);
     auto impl = std::make_shared<TensorImpl>();
     impl->dtype = dtype;
     impl->device = device;
     impl->shape = shape;
-    impl->storage = std::make_shared<Storage>(device, static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+    impl->storage = std::make_shared<Storage>(device, bytes);
     return AnyTensor(std::move(impl));
   }
-  static AnyTensor full(const Shape& shape, double value, DType dtype, Device device = Device::cpu()) {
-    AnyTensor t = empty(shape, dtype, device);
+  static AnyTensor full(const Shape& shape, double value, DType dtype, Device device = Device::cpu(),
+                        const char* op = "full") {
+    AnyTensor t = empty(shape, dtype, device, op);
     if (t.numel() > 0) backend_for(device).fill(dtype, t.data_ptr(), t.numel(), value);
     return t;
   }
   static AnyTensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu()) {
-    return full(shape, 0.0, dtype, device);
+    return full(shape, 0.0, dtype, device, "zeros");
   }
 
   bool defined() const { return impl_ != nullptr; }
@@ -151,8 +155,8 @@ class Tensor : public AnyTensor {
 
   // ---- factories ----
   static Tensor empty(const Shape& s, Device d = Device::cpu()) { return Tensor(AnyTensor::empty(s, dtype_of<T>, d)); }
-  static Tensor zeros(const Shape& s, Device d = Device::cpu()) { return full(s, T(0), d); }
-  static Tensor ones(const Shape& s, Device d = Device::cpu()) { return full(s, T(1), d); }
+  static Tensor zeros(const Shape& s, Device d = Device::cpu()) { return Tensor(AnyTensor::full(s, 0.0, dtype_of<T>, d, "zeros")); }
+  static Tensor ones(const Shape& s, Device d = Device::cpu()) { return Tensor(AnyTensor::full(s, 1.0, dtype_of<T>, d, "ones")); }
   static Tensor full(const Shape& s, double value, Device d = Device::cpu()) {
     return Tensor(AnyTensor::full(s, value, dtype_of<T>, d));
   }
@@ -164,9 +168,15 @@ class Tensor : public AnyTensor {
   // 0, step, 2*step, ... up to (not including) `end`, starting at `start`.
   static Tensor arange(double start, double end, double step = 1.0, Device d = Device::cpu()) {
     EMBER_CHECK(step != 0.0, ValueError, "arange: step must be non-zero");
+    EMBER_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), ValueError,
+                "arange: unsupported range ", start, " -> ", end, " with step ", step, " (bounds must be finite)");
     double count = std::ceil((end - start) / step);
+    // A count beyond int64 (arange(0, 1e30)) would convert to garbage: refuse it. 2^63 exactly is
+    // representable as a double and already too large.
+    EMBER_CHECK(!(count >= 9223372036854775808.0), ShapeError, "arange: ", start, " -> ", end, " with step ", step,
+                " has ", count, " elements, more than int64 can count");
     int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
-    Tensor t = empty({n}, d);
+    Tensor t = Tensor(AnyTensor::empty({n}, dtype_of<T>, d, "arange"));
     if (n > 0) backend_for(d).arange(dtype_of<T>, t.data_ptr(), n, start, step);
     return t;
   }
@@ -175,7 +185,9 @@ class Tensor : public AnyTensor {
   static Tensor rand(const Shape& s, Device d = Device::cpu(), double lo = 0.0, double hi = 1.0,
                      Generator& gen = default_generator()) {
     static_assert(std::is_floating_point_v<compute_t<T>>, "rand: floating-point types only");
-    Tensor t = empty(s, d);
+    EMBER_CHECK(lo <= hi, ValueError, "rand: the range [lo, hi) must have lo <= hi, got lo ", lo, " and hi ", hi,
+                " (as torch.Tensor.uniform_)");
+    Tensor t = Tensor(AnyTensor::empty(s, dtype_of<T>, d, "rand"));
     uint64_t offset = gen.reserve(t.numel());
     if (t.numel() > 0) backend_for(d).random_uniform(dtype_of<T>, t.data_ptr(), t.numel(), gen.seed(), offset, lo, hi);
     return t;
@@ -183,19 +195,21 @@ class Tensor : public AnyTensor {
   static Tensor randn(const Shape& s, Device d = Device::cpu(), double mean = 0.0, double stddev = 1.0,
                       Generator& gen = default_generator()) {
     static_assert(std::is_floating_point_v<compute_t<T>>, "randn: floating-point types only");
-    Tensor t = empty(s, d);
+    EMBER_CHECK(stddev >= 0.0, ValueError, "randn: std must be non-negative, got std ", stddev, " (mean ", mean,
+                "), as torch.normal");
+    Tensor t = Tensor(AnyTensor::empty(s, dtype_of<T>, d, "randn"));
     uint64_t offset = gen.reserve(t.numel());
     if (t.numel() > 0) backend_for(d).random_normal(dtype_of<T>, t.data_ptr(), t.numel(), gen.seed(), offset, mean, stddev);
     return t;
   }
   // Copies values from host memory.
   static Tensor from_blob(const T* host, const Shape& s, Device d = Device::cpu()) {
-    Tensor t = empty(s, d);
+    Tensor t = Tensor(AnyTensor::empty(s, dtype_of<T>, d, "from_blob"));
     if (t.numel() > 0) backend_for(d).copy_from_host(t.data_ptr(), host, t.nbytes());
     return t;
   }
   static Tensor from_vector(const std::vector<T>& v, const Shape& s, Device d = Device::cpu()) {
-    EMBER_CHECK(static_cast<int64_t>(v.size()) == s.numel(), ShapeError, "from_vector: ", v.size(),
+    EMBER_CHECK(static_cast<int64_t>(v.size()) == s.checked_numel("from_vector"), ShapeError, "from_vector: ", v.size(),
                 " values do not fill shape ", s.str());
     return from_blob(v.data(), s, d);
   }

@@ -15,7 +15,9 @@
 // targets; an index outside [0, C) that is not ignore_index raises an IndexError naming the op
 // (one small read of the targets' min and max to the host). A mean over targets that are all
 // ignored is 0/0 = nan, as in PyTorch.
+#include <atomic>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -77,6 +79,31 @@ inline AnyTensor float_target(const char* op, const AnyTensor& input, const AnyT
               cdt != input.dtype() ? ember::detail::str_cat(" or ", dtype_name(cdt)) : std::string());
   EMBER_CHECK(target.shape() == input.shape(), ShapeError, op, ": target ", target.desc(), " and input ", input.desc(),
               " must have the same shape");
+  return target.to(cdt);
+}
+
+// Elementwise regression losses broadcast a target of another shape, as PyTorch does, and warn
+// once per loss (to stderr, PyTorch's text): such a target is usually a mistake ([N] against
+// [N, 1] gives an [N, N] loss). Shapes that do not broadcast are a ShapeError.
+inline std::atomic<bool>& broadcast_warned(int which) {
+  static std::atomic<bool> flags[3];
+  return flags[which];
+}
+inline AnyTensor broadcast_target(const char* op, int which, const AnyTensor& input, const AnyTensor& target,
+                                  DType cdt) {
+  op::detail::check_defined(op, target, "target");
+  op::detail::check_same_device(op, input, target);
+  EMBER_CHECK(target.dtype() == input.dtype() || target.dtype() == cdt, DTypeError, op, ": target ", target.desc(),
+              " must have the input's dtype (", dtype_name(input.dtype()), ")",
+              cdt != input.dtype() ? ember::detail::str_cat(" or ", dtype_name(cdt)) : std::string());
+  if (!(target.shape() == input.shape())) {
+    op::detail::broadcast_shapes(op, input.shape(), target.shape(), " (input)", " (target)");
+    if (!broadcast_warned(which).exchange(true))
+      std::cerr << "ember warning: " << op << ": Using a target size (" << target.shape().str()
+                << ") that is different to the input size (" << input.shape().str()
+                << "). This will likely lead to incorrect results due to broadcasting. Please ensure they have the "
+                   "same size.\n";
+  }
   return target.to(cdt);
 }
 
@@ -153,7 +180,20 @@ inline AnyTensor nll_core(const char* op, const AnyTensor& logp, const AnyTensor
   switch (red) {
     case Reduction::None: return loss.reshape(tshape);
     case Reduction::Sum: return op::sum(loss);
-    case Reduction::Mean: return op::div(op::sum(loss), op::sum(wi));
+    case Reduction::Mean: {
+      // sum / total weight. With every target ignored the total is 0: the loss is 0/0 = NaN as in
+      // PyTorch, but so would be every gradient (d/dloss of loss/0), where PyTorch's are 0, and a
+      // padding-only micro-batch would poison the parameters. So divide by the total where it is
+      // non-zero (by 1 elsewhere: the loss terms are all 0 there) and add a constant NaN (no
+      // gradient) where it is zero. No host read: it stays on the device.
+      AnyTensor total = op::sum(wi);
+      AnyTensor zero = AnyTensor::zeros(Shape{}, cdt, dev);
+      AnyTensor is_zero = op::eq(total, zero);
+      AnyTensor safe_total = op::where(is_zero, AnyTensor::full(Shape{}, 1.0, cdt, dev), total);
+      AnyTensor mean = op::div(op::sum(loss), safe_total);
+      AnyTensor nan_if_empty = op::where(is_zero.detach(), AnyTensor::full(Shape{}, std::nan(""), cdt, dev), zero);
+      return op::add(mean, nan_if_empty);
+    }
   }
   return loss;
 }
@@ -161,14 +201,15 @@ inline AnyTensor nll_core(const char* op, const AnyTensor& logp, const AnyTensor
 
 namespace functional {
 
-// mean/sum/none of (input - target)^2. Shapes must match.
+// mean/sum/none of (input - target)^2. A target of another shape is broadcast (with a warning,
+// once), as in PyTorch.
 template <Element T>
   requires std::is_floating_point_v<compute_t<T>>
 Tensor<compute_t<T>> mse_loss(const Tensor<T>& input, const AnyTensor& target, const std::string& reduction = "mean") {
   auto red = detail::parse_reduction("mse_loss", reduction);
   op::detail::check_defined("mse_loss", input);
   AnyTensor x = detail::to_compute(input);
-  AnyTensor t = detail::float_target("mse_loss", input, target, x.dtype());
+  AnyTensor t = detail::broadcast_target("mse_loss", 0, input, target, x.dtype());
   return Tensor<compute_t<T>>(detail::apply_reduction(op::square(op::sub(x, t)), red));
 }
 
@@ -179,7 +220,7 @@ Tensor<compute_t<T>> l1_loss(const Tensor<T>& input, const AnyTensor& target, co
   auto red = detail::parse_reduction("l1_loss", reduction);
   op::detail::check_defined("l1_loss", input);
   AnyTensor x = detail::to_compute(input);
-  AnyTensor t = detail::float_target("l1_loss", input, target, x.dtype());
+  AnyTensor t = detail::broadcast_target("l1_loss", 1, input, target, x.dtype());
   return Tensor<compute_t<T>>(detail::apply_reduction(op::abs(op::sub(x, t)), red));
 }
 
@@ -192,7 +233,7 @@ Tensor<compute_t<T>> smooth_l1_loss(const Tensor<T>& input, const AnyTensor& tar
   EMBER_CHECK(beta >= 0.0, ValueError, "smooth_l1_loss: beta must be non-negative, got ", beta);
   op::detail::check_defined("smooth_l1_loss", input);
   AnyTensor x = detail::to_compute(input);
-  AnyTensor t = detail::float_target("smooth_l1_loss", input, target, x.dtype());
+  AnyTensor t = detail::broadcast_target("smooth_l1_loss", 2, input, target, x.dtype());
   AnyTensor d = op::sub(x, t);
   AnyTensor ad = op::abs(d);
   AnyTensor l;

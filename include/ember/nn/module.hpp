@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,12 +85,29 @@ class Module {
     return out;
   }
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  // This module ("") and every module below it, depth first, with dotted names ("encoder.0"), as
+  // PyTorch's named_modules(): a module reachable twice (shared) is listed once, first path wins.
+  std::vector<std::pair<std::string, Module*>> named_modules() {
+    std::vector<std::pair<std::string, Module*>> out;
+    collect_modules(out, "");
+    return out;
+  }
   // The name this module was registered under in its parent ("" for a root).
   const std::string& module_name() const { return module_name_; }
   int64_t parameter_count() const {
     int64_t n = 0;
     for (auto& p : parameters()) n += p.numel();
     return n;
+  }
+
+  // ---- printing ----
+  // One line of what this module is, without its children: PyTorch's extra_repr. The default
+  // lists the module's own parameters and buffers with their shapes ("weight=[10, 64], bias=[10]").
+  virtual std::string extra_repr() const {
+    std::string s;
+    for (const auto& [n, p] : params_) s += (s.empty() ? "" : ", ") + n + "=" + p.shape().str();
+    for (const auto& [n, b] : buffers_) s += (s.empty() ? "" : ", ") + n + "=" + b.shape().str() + " (buffer)";
+    return s;
   }
 
   // ---- modes ----
@@ -237,10 +255,50 @@ class Module {
 
   std::vector<std::pair<std::string, AnyTensor>> params_;
   std::vector<std::pair<std::string, AnyTensor>> buffers_;
+  void collect_modules(std::vector<std::pair<std::string, Module*>>& out, const std::string& prefix) {
+    for (const auto& [n, m] : out)
+      if (m == this) return;
+    out.emplace_back(prefix, this);
+    for (auto& [n, c] : children_) c->collect_modules(out, prefix.empty() ? n : prefix + "." + n);
+  }
+
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::string module_name_;
   bool training_ = true;
 };
+
+namespace detail {
+inline void print_module(std::ostream& os, const Module& m, int indent) {
+  const int64_t count = m.parameter_count();
+  const std::string tail =
+      count > 0 ? ::ember::detail::str_cat("  # ", count, count == 1 ? " parameter" : " parameters") : std::string();
+  const std::string extra = m.extra_repr();
+  if (m.named_children().empty()) {
+    os << m.type_name() << "(" << extra << ")" << tail;
+    return;
+  }
+  const std::string pad(static_cast<size_t>(indent + 2), ' ');
+  os << m.type_name() << "(" << tail << "\n";
+  if (!extra.empty()) os << pad << extra << "\n";
+  for (const auto& [n, c] : m.named_children()) {
+    os << pad << "(" << n << "): ";
+    print_module(os, *c, indent + 2);
+    os << "\n";
+  }
+  os << std::string(static_cast<size_t>(indent), ' ') << ")";
+}
+}  // namespace detail
+
+// The module tree, as PyTorch prints a module: each child as "(name): Type(extra_repr)", with
+// parameter shapes and, per module, its parameter count.
+//   Sequential(  # 650 parameters
+//     (0): Linear(weight=[10, 64], bias=[10])  # 650 parameters
+//     (1): ReLU()
+//   )
+inline std::ostream& operator<<(std::ostream& os, const Module& m) {
+  detail::print_module(os, m, 0);
+  return os;
+}
 
 namespace detail {
 // The profiler's hook into module calls: the profiler builds dotted names ("layers.3.attn") from
@@ -268,6 +326,7 @@ template <class Derived>
 class ModuleBase : public Module {
  public:
   AnyTensor forward_any(const AnyTensor& x) override {
+    autograd::detail::AnomalyModuleFrame anomaly_frame(*this);  // the module path in anomaly errors
     detail::ModuleScope scope(*this);
     switch (x.dtype()) {
       case DType::Float32: return self().forward(Tensor<float>(x));
@@ -280,6 +339,7 @@ class ModuleBase : public Module {
   }
   template <Element T>
   auto operator()(const Tensor<T>& x) {
+    autograd::detail::AnomalyModuleFrame anomaly_frame(*this);
     detail::ModuleScope scope(*this);
     return self().forward(x);
   }

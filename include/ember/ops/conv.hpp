@@ -34,8 +34,18 @@ inline Conv2dArgs conv_args(const AnyTensor& x, const AnyTensor& w, const Conv2d
   a.dil_h = o.dilation[0];
   a.dil_w = o.dilation[1];
   a.groups = o.groups;
-  a.out_h = (a.h + 2 * a.pad_h - a.dil_h * (a.kh - 1) - 1) / a.stride_h + 1;
-  a.out_w = (a.w + 2 * a.pad_w - a.dil_w * (a.kw - 1) - 1) / a.stride_w + 1;
+  // The window must fit the padded input (a negative numerator would round toward zero to an
+  // output of 1 where PyTorch raises); conv2d checks `fits` before using the sizes.
+  // Checked: padding or dilation near 2^62 would overflow (ShapeError naming conv2d).
+  auto span = [](int64_t in, int64_t pad, int64_t dil, int64_t k) {
+    const int64_t padded = checked::add(in, checked::mul(2, pad, "conv2d", "padding"), "conv2d", "padded input");
+    const int64_t window = checked::mul(dil, k - 1, "conv2d", "dilated kernel");
+    return padded - window - 1;  // both non-negative, so no overflow
+  };
+  const int64_t num_h = span(a.h, a.pad_h, a.dil_h, a.kh);
+  const int64_t num_w = span(a.w, a.pad_w, a.dil_w, a.kw);
+  a.out_h = num_h >= 0 ? num_h / a.stride_h + 1 : 0;
+  a.out_w = num_w >= 0 ? num_w / a.stride_w + 1 : 0;
   return a;
 }
 }  // namespace detail
@@ -63,10 +73,13 @@ inline AnyTensor conv2d(const AnyTensor& x, const AnyTensor& weight, const AnyTe
     EMBER_CHECK(bias.dim() == 1 && bias.shape()[0] == cout, ShapeError, "conv2d: bias ", bias.desc(), " must be [",
                 cout, "]");
   }
+  EMBER_CHECK(weight.shape()[2] > 0 && weight.shape()[3] > 0, ShapeError, "conv2d: the kernel of weight ",
+              weight.desc(), " is empty (", weight.shape()[2], "x", weight.shape()[3], ")");
   Conv2dArgs a = detail::conv_args(x, weight, o);
   EMBER_CHECK(a.out_h > 0 && a.out_w > 0, ShapeError, "conv2d: input ", x.desc(), " is too small for kernel ",
-              a.kh, "x", a.kw, " with padding ", a.pad_h, "x", a.pad_w, " and dilation ", a.dil_h, "x", a.dil_w);
-  AnyTensor y = AnyTensor::empty({a.n, cout, a.out_h, a.out_w}, x.dtype(), x.device());
+              a.kh, "x", a.kw, " with padding ", a.pad_h, "x", a.pad_w, " and dilation ", a.dil_h, "x", a.dil_w,
+              " (the dilated kernel must fit the padded input, as in PyTorch)");
+  AnyTensor y = AnyTensor::empty({a.n, cout, a.out_h, a.out_w}, x.dtype(), x.device(), "conv2d");
   if (y.numel() > 0) x.backend().conv2d_forward(a, x.data_ptr(), weight.data_ptr(), y.data_ptr());
   AnyTensor out = y;
   if (bias.defined()) {

@@ -51,6 +51,21 @@ inline AnyTensor unary_raw(UnaryOp op, const AnyTensor& x, double a, double b) {
   return out;
 }
 
+// Integer division by zero has no value (the double quotient converted back is undefined
+// behaviour: INT_MIN on x86): PyTorch raises, so does ember. One small read of the divisor's
+// zero flag to the host, for integer divisions only.
+inline void check_no_integer_zero_divisor(const char* name, const AnyTensor& a, const AnyTensor& b) {
+  if (is_floating(b.dtype()) || b.numel() == 0) return;
+  AnyTensor zero = AnyTensor::zeros(Shape{}, b.dtype(), b.device());
+  AnyTensor is_zero = AnyTensor::empty(b.shape(), DType::UInt8, b.device());
+  Shape bs = b.shape(), zs{};
+  b.backend().compare(CompareOp::Eq, b.dtype(), b.data_ptr(), zero.data_ptr(), static_cast<uint8_t*>(is_zero.data_ptr()),
+                      strided_args(bs, &bs, &zs));
+  const bool any = reduce_dim_raw(ReduceOp::Max, is_zero.reshape(Shape{b.numel()}), 0).item_double() != 0.0;
+  EMBER_CHECK(!any, ValueError, name, ": integer division by zero (", a.desc(), " divided by ", b.desc(),
+              "), as in PyTorch; divide floating-point tensors for inf/nan");
+}
+
 inline AnyTensor binary_raw(BinaryOp op, const AnyTensor& a, const AnyTensor& b, const Shape& out_shape) {
   AnyTensor out = AnyTensor::empty(out_shape, a.dtype(), a.device());
   Shape as = a.shape(), bs = b.shape();
@@ -107,7 +122,14 @@ inline AnyTensor clamp(const AnyTensor& x, double lo, double hi) {
 inline AnyTensor add(const AnyTensor& x, double s) { return unary(UnaryOp::AddScalar, x, s); }
 inline AnyTensor mul(const AnyTensor& x, double s) { return unary(UnaryOp::MulScalar, x, s); }
 inline AnyTensor sub(const AnyTensor& x, double s) { return unary(UnaryOp::AddScalar, x, -s); }
-inline AnyTensor div(const AnyTensor& x, double s) { return unary(UnaryOp::MulScalar, x, 1.0 / s); }
+inline AnyTensor binary(BinaryOp op, const AnyTensor& a, const AnyTensor& b);
+// Floating x: x * (1/s). Integer x by a whole s: an integer division (x * (1/49) truncates 49 to 0;
+// a zero divisor raises); by a fractional s: x * (1/s), truncated.
+inline AnyTensor div(const AnyTensor& x, double s) {
+  if (!is_floating(x.dtype()) && x.defined() && s == static_cast<double>(static_cast<int64_t>(s)))
+    return binary(BinaryOp::Div, x, AnyTensor::full(Shape{}, s, x.dtype(), x.device()));
+  return unary(UnaryOp::MulScalar, x, 1.0 / s);
+}
 inline AnyTensor rsub(const AnyTensor& x, double s) { return unary(UnaryOp::RSubScalar, x, s); }
 inline AnyTensor rdiv(const AnyTensor& x, double s) { return unary(UnaryOp::RDivScalar, x, s); }
 
@@ -135,6 +157,7 @@ inline AnyTensor binary(BinaryOp op, const AnyTensor& a, const AnyTensor& b) {
   detail::check_same_device(name, a, b);
   detail::check_same_dtype(name, a, b);
   Shape out_shape = detail::broadcast_shapes(name, a.shape(), b.shape());
+  if (op == BinaryOp::Div) detail::check_no_integer_zero_divisor(name, a, b);
   AnyTensor out = detail::binary_raw(op, a, b, out_shape);
   if (autograd::any_requires_grad({a, b})) {
     EMBER_CHECK(is_floating(a.dtype()), DTypeError, name, ": gradients need floating-point tensors, got ", a.desc());
@@ -192,23 +215,29 @@ inline AnyTensor binary(BinaryOp op, const AnyTensor& a, const AnyTensor& b) {
         }
         case BinaryOp::Maximum:
         case BinaryOp::Minimum: {
-          // The gradient goes to the selected input; ties split it evenly, as in PyTorch.
-          AnyTensor mask_a = AnyTensor::empty(os, DType::UInt8, gy.device());
+          // The gradient goes to the selected input; ties split it evenly, as in PyTorch, whose
+          // formula (for maximum) is where(a == b, g/2, g) masked to 0 where a < b for a, and where
+          // a > b for b: at a NaN every comparison is false, so both inputs get the whole gradient.
+          // Weights: wa = 1 - [a loses] - [a == b]/2, wb = 1 - [b loses] - [a == b]/2.
+          AnyTensor mask_a_loses = AnyTensor::empty(os, DType::UInt8, gy.device());
+          AnyTensor mask_b_loses = AnyTensor::empty(os, DType::UInt8, gy.device());
           AnyTensor mask_eq = AnyTensor::empty(os, DType::UInt8, gy.device());
           Shape as = sa.shape(), bs = sb.shape();
           StridedArgs st = detail::strided_args(os, &as, &bs);
-          gy.backend().compare(op == BinaryOp::Maximum ? CompareOp::Gt : CompareOp::Lt, sa.dtype(), sa.data_ptr(),
-                               sb.data_ptr(), static_cast<uint8_t*>(mask_a.data_ptr()), st);
+          const bool is_max = op == BinaryOp::Maximum;
+          gy.backend().compare(is_max ? CompareOp::Lt : CompareOp::Gt, sa.dtype(), sa.data_ptr(), sb.data_ptr(),
+                               static_cast<uint8_t*>(mask_a_loses.data_ptr()), st);
+          gy.backend().compare(is_max ? CompareOp::Gt : CompareOp::Lt, sa.dtype(), sa.data_ptr(), sb.data_ptr(),
+                               static_cast<uint8_t*>(mask_b_loses.data_ptr()), st);
           gy.backend().compare(CompareOp::Eq, sa.dtype(), sa.data_ptr(), sb.data_ptr(),
                                static_cast<uint8_t*>(mask_eq.data_ptr()), st);
-          AnyTensor fa = mask_a.to(gy.dtype());
           AnyTensor half_eq = detail::unary_raw(UnaryOp::MulScalar, mask_eq.to(gy.dtype()), 0.5, 0);
-          AnyTensor wa = detail::binary_raw(BinaryOp::Add, fa, half_eq, os);  // 1, 0.5 or 0
-          if (ga) da = detail::binary_raw(BinaryOp::Mul, gy, wa, os);
-          if (gb) {
-            AnyTensor wb = detail::unary_raw(UnaryOp::RSubScalar, wa, 1.0, 0);
-            db = detail::binary_raw(BinaryOp::Mul, gy, wb, os);
-          }
+          auto weight = [&](const AnyTensor& loses) {  // 1 - loses - eq/2: 1, 0.5 or 0
+            AnyTensor l = detail::binary_raw(BinaryOp::Add, loses.to(gy.dtype()), half_eq, os);
+            return detail::unary_raw(UnaryOp::RSubScalar, l, 1.0, 0);
+          };
+          if (ga) da = detail::binary_raw(BinaryOp::Mul, gy, weight(mask_a_loses), os);
+          if (gb) db = detail::binary_raw(BinaryOp::Mul, gy, weight(mask_b_loses), os);
           break;
         }
       }

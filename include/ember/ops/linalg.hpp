@@ -18,7 +18,7 @@ inline AnyTensor mm_raw(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb
   const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
   const int64_t batch = std::max(as.dim() == 3 ? as[0] : 1, bs.dim() == 3 ? bs[0] : 1);
   Shape os = (as.dim() == 3 || bs.dim() == 3) ? Shape{batch, m, n} : Shape{m, n};
-  AnyTensor c = AnyTensor::empty(os, a.dtype(), a.device());
+  AnyTensor c = AnyTensor::empty(os, a.dtype(), a.device(), "matmul");
   if (c.numel() == 0) return c;
   if (k == 0) {
     c.backend().fill(c.dtype(), c.data_ptr(), c.numel(), 0.0);
@@ -97,7 +97,9 @@ inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = f
   if (a.dim() > 2 && b.dim() == 2 && !trans_a) {
     std::vector<int64_t> out = as.vec();
     out.back() = trans_b ? bs[0] : bs[1];
-    AnyTensor r = detail::mm(a.reshape(Shape{a.numel() / k_a, k_a}), b, false, trans_b);
+    int64_t rows = 1;  // the folded leading dimensions (not numel / k, which divides by 0 when k is 0)
+    for (int i = 0; i < as.dim() - 1; ++i) rows *= as[i];
+    AnyTensor r = detail::mm(a.reshape(Shape{rows, k_a}), b, false, trans_b);
     return r.reshape(Shape(out));
   }
   // Batched: equal batch dimensions, or one operand a single matrix.

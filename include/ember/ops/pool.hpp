@@ -17,8 +17,13 @@ struct Pool2dOptions {
 
 namespace detail {
 inline int64_t pool_out_size(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
-  int64_t num = in + 2 * p - k;
-  int64_t out = (ceil_mode ? (num + s - 1) / s : num / s) + 1;
+  // PyTorch's pooling_output_shape: floor (or ceil) division rounding toward -inf, so a window
+  // that does not fit gives 0 and raises (C++'s division rounds -1/2 up to 0: an output of 1).
+  // (p <= k / 2 was checked, so in + 2p - k <= in; only a huge stride can overflow the sum.)
+  int64_t num = checked::add(in + 2 * p - k, ceil_mode ? s - 1 : 0, "pool2d", "output size");
+  int64_t q = num / s;
+  if (num % s != 0 && num < 0) --q;
+  int64_t out = q + 1;
   if (ceil_mode && (out - 1) * s >= in + p) --out;  // the last window must start inside the input
   return out;
 }
@@ -41,7 +46,7 @@ inline Pool2dArgs pool_args(const char* op, const AnyTensor& x, const Pool2dOpti
   p.pad_w = o.padding[1];
   p.count_include_pad = o.count_include_pad;
   EMBER_CHECK(p.kh > 0 && p.kw > 0, ValueError, op, ": kernel must be positive, got ", p.kh, "x", p.kw);
-  EMBER_CHECK(p.pad_h >= 0 && p.pad_w >= 0 && 2 * p.pad_h <= p.kh && 2 * p.pad_w <= p.kw, ValueError, op,
+  EMBER_CHECK(p.pad_h >= 0 && p.pad_w >= 0 && p.pad_h <= p.kh / 2 && p.pad_w <= p.kw / 2, ValueError, op,
               ": padding ", p.pad_h, "x", p.pad_w, " must be at most half the kernel ", p.kh, "x", p.kw);
   p.out_h = pool_out_size(p.h, p.kh, p.stride_h, p.pad_h, o.ceil_mode);
   p.out_w = pool_out_size(p.w, p.kw, p.stride_w, p.pad_w, o.ceil_mode);
@@ -54,7 +59,7 @@ inline Pool2dArgs pool_args(const char* op, const AnyTensor& x, const Pool2dOpti
 inline AnyTensor max_pool2d(const AnyTensor& x, const Pool2dOptions& o = {}) {
   detail::OpScope op_scope("max_pool2d", x);
   Pool2dArgs p = detail::pool_args("max_pool2d", x, o);
-  AnyTensor y = AnyTensor::empty({p.n, p.c, p.out_h, p.out_w}, x.dtype(), x.device());
+  AnyTensor y = AnyTensor::empty({p.n, p.c, p.out_h, p.out_w}, x.dtype(), x.device(), "max_pool2d");
   AnyTensor idx = AnyTensor::empty(y.shape(), DType::Int64, x.device());
   if (y.numel() > 0)
     x.backend().max_pool2d_forward(p, x.data_ptr(), y.data_ptr(), static_cast<int64_t*>(idx.data_ptr()));
@@ -70,7 +75,7 @@ inline AnyTensor max_pool2d(const AnyTensor& x, const Pool2dOptions& o = {}) {
 namespace detail {
 inline AnyTensor avg_pool_impl(const char* name, const AnyTensor& x, const Pool2dArgs& p) {
   detail::OpScope op_scope(name, x);
-  AnyTensor y = AnyTensor::empty({p.n, p.c, p.out_h, p.out_w}, x.dtype(), x.device());
+  AnyTensor y = AnyTensor::empty({p.n, p.c, p.out_h, p.out_w}, x.dtype(), x.device(), name);
   if (y.numel() > 0) x.backend().avg_pool2d_forward(p, x.data_ptr(), y.data_ptr());
   autograd::record(name, {x}, {y}, [p](const std::vector<AnyTensor>& g) {
     AnyTensor gx = AnyTensor::empty({p.n, p.c, p.h, p.w}, g[0].dtype(), g[0].device());

@@ -1,6 +1,7 @@
 #pragma once
 // Reductions over given dimensions with keepdim: sum, mean, max, min (forward and backward),
-// argmax, argmin (no gradient). An empty dimension list reduces over all dimensions.
+// argmax, argmin (no gradient), var and std (with a correction, composed). An empty dimension
+// list reduces over all dimensions.
 #include <algorithm>
 #include <vector>
 
@@ -99,6 +100,21 @@ inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const std::vector<int>&
         sx.backend().compare(CompareOp::Eq, sx.dtype(), sx.data_ptr(), yk.data_ptr(),
                              static_cast<uint8_t*>(mask.data_ptr()), st);
         AnyTensor fm = mask.to(sx.dtype());
+        // A NaN extremum equals nothing: there the gradient goes to the NaN inputs (x != x), as
+        // torch's evenly_distribute_backward does; a group without NaN is unchanged (all 0).
+        {
+          AnyTensor y_nan = AnyTensor::empty(keep_shape, DType::UInt8, sx.device());
+          AnyTensor x_nan = AnyTensor::empty(xs, DType::UInt8, sx.device());
+          StridedArgs sk = detail::strided_args(keep_shape, &keep_shape, &keep_shape);
+          StridedArgs sxx = detail::strided_args(xs, &xs, &xs);
+          sx.backend().compare(CompareOp::Ne, sx.dtype(), yk.data_ptr(), yk.data_ptr(),
+                               static_cast<uint8_t*>(y_nan.data_ptr()), sk);
+          sx.backend().compare(CompareOp::Ne, sx.dtype(), sx.data_ptr(), sx.data_ptr(),
+                               static_cast<uint8_t*>(x_nan.data_ptr()), sxx);
+          AnyTensor both = detail::binary_raw(BinaryOp::Mul, x_nan.to(sx.dtype()),
+                                              detail::expand_raw(y_nan.to(sx.dtype()), xs), xs);
+          fm = detail::binary_raw(BinaryOp::Add, fm, both, xs);
+        }
         // Tie counts per reduced group: sum the mask over the reduced dimensions, kept.
         std::vector<int> dims_k;
         for (int i = 0; i < xs.dim(); ++i)
@@ -132,6 +148,31 @@ inline AnyTensor argmin(const AnyTensor& x, const std::vector<int>& dims = {}, b
   return reduce(ReduceOp::ArgMin, x, dims, keepdim);
 }
 
+// Variance over dims, as torch.var(x, dim, correction=1, keepdim): sum((x - mean)^2) divided by
+// max(0, N - correction), N the number of elements reduced; correction 1 is Bessel's (the sample
+// variance), 0 the population variance. N - correction <= 0 gives inf or nan, as in PyTorch.
+// Composed from differentiable ops: the gradient is 2 (x - mean) / (N - correction).
+inline AnyTensor var(const AnyTensor& x, const std::vector<int>& dims = {}, double correction = 1.0,
+                     bool keepdim = false) {
+  detail::check_defined("var", x);
+  detail::check_floating("var", x);
+  EMBER_CHECK(correction >= 0.0, ValueError, "var: correction must be non-negative, got ", correction);
+  const std::vector<int> rd = detail::reduce_dims("var", x, dims);
+  int64_t n = 1;
+  for (int d : rd) n *= x.shape()[d];
+  if (x.dim() == 0) n = 1;
+  AnyTensor centred = sub(x, mean(x, rd, true));
+  AnyTensor ss = x.dim() == 0 ? square(centred) : sum(square(centred), rd, keepdim);
+  const double dof = std::max(0.0, static_cast<double>(n) - correction);
+  return mul(ss, 1.0 / dof);
+}
+// Standard deviation: sqrt(var(x, dims, correction, keepdim)), as torch.std.
+inline AnyTensor std(const AnyTensor& x, const std::vector<int>& dims = {}, double correction = 1.0,
+                     bool keepdim = false) {
+  detail::check_defined("std", x);
+  return sqrt(var(x, dims, correction, keepdim));
+}
+
 }  // namespace ember::op
 
 namespace ember {
@@ -153,6 +194,14 @@ template <Element T> Tensor<int64_t> argmax(const Tensor<T>& x, std::vector<int>
 }
 template <Element T> Tensor<int64_t> argmin(const Tensor<T>& x, std::vector<int> dims = {}, bool keepdim = false) {
   return Tensor<int64_t>(op::argmin(x, dims, keepdim));
+}
+template <Element T>
+Tensor<T> var(const Tensor<T>& x, const std::vector<int>& dims = {}, double correction = 1.0, bool keepdim = false) {
+  return Tensor<T>(op::var(x, dims, correction, keepdim));
+}
+template <Element T>
+Tensor<T> std(const Tensor<T>& x, const std::vector<int>& dims = {}, double correction = 1.0, bool keepdim = false) {
+  return Tensor<T>(op::std(x, dims, correction, keepdim));
 }
 
 }  // namespace ember

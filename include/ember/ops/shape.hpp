@@ -129,7 +129,7 @@ inline AnyTensor concat(const std::vector<AnyTensor>& xs, int dim = 0) {
     EMBER_CHECK(ok, ShapeError, "concat: tensor ", i, " ", t.desc(), " does not match tensor 0 ", first.desc(),
                 " outside dimension ", d);
     sizes.push_back(t.shape()[d]);
-    total += t.shape()[d];
+    total = checked::add(total, t.shape()[d], "concat", "the concatenated dimension");
   }
   Shape os = first.shape();
   os[d] = total;
@@ -159,7 +159,8 @@ inline std::vector<AnyTensor> split(const AnyTensor& x, const std::vector<int64_
   int64_t total = 0;
   for (int64_t s : sizes) {
     EMBER_CHECK(s >= 0, ShapeError, "split: negative size ", s, " for ", x.desc());
-    total += s;
+    // Checked: sizes {INT64_MAX, INT64_MAX, 5} would wrap to a total that matches the dimension.
+    total = checked::add(total, s, "split", "the sum of the sizes");
   }
   EMBER_CHECK(total == x.shape()[d], ShapeError, "split: sizes add up to ", total, " but dimension ", d, " of ",
               x.desc(), " is ", x.shape()[d]);
@@ -190,7 +191,9 @@ inline std::vector<AnyTensor> split(const AnyTensor& x, const std::vector<int64_
 inline std::vector<AnyTensor> chunk(const AnyTensor& x, int64_t chunks, int dim = 0) {
   EMBER_CHECK(chunks > 0, ValueError, "chunk: chunks must be positive, got ", chunks);
   int d = normalize_dim(dim, x.dim(), "chunk");
-  int64_t n = x.shape()[d], step = (n + chunks - 1) / chunks;
+  // ceil(n / chunks) without n + chunks - 1 (which overflows for chunks near INT64_MAX and made
+  // the loop below run forever).
+  int64_t n = x.shape()[d], step = n / chunks + (n % chunks != 0 ? 1 : 0);
   std::vector<int64_t> sizes;
   for (int64_t at = 0; at < n; at += step) sizes.push_back(std::min(step, n - at));
   if (sizes.empty()) sizes.push_back(0);

@@ -181,6 +181,7 @@ inline void backward(const std::vector<AnyTensor>& roots, const std::vector<AnyT
       gins = node->apply(std::move(gouts));
     }
     if (!retain_graph) node->release();
+    if (is_anomaly_enabled()) [[unlikely]] detail::check_backward_anomaly(*node, gins);
     for (size_t i = 0; i < node->next.size(); ++i) {
       const Edge& e = node->next[i];
       if (!e.valid()) continue;

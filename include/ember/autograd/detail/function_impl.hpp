@@ -4,6 +4,8 @@
 // or <ember/autograd/node.hpp> rather than this file.
 #include <functional>
 #include <memory>
+
+#include "ember/autograd/anomaly.hpp"
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +13,9 @@
 namespace ember::autograd {
 
 class Node;
+namespace detail {
+inline std::string check_forward_anomaly(const char* op, const std::vector<AnyTensor>& outputs);
+}
 
 // Where a gradient flows: input `input_nr` of `node` (the output slot of the producing node).
 struct Edge {
@@ -40,6 +45,9 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<Edge> next;
   std::vector<OutputMeta> outputs;
   std::vector<OutputMeta> inputs;  // to check that a backward returns well-formed gradients
+  // Where forward made this node ("by op 'log' in module 'net.act' (ReLU)"), kept while anomaly
+  // detection is on (autograd/anomaly.hpp) for backward's message; empty otherwise.
+  std::string anomaly_context;
 
  private:
   std::string name_;
@@ -115,6 +123,9 @@ inline void record(const char* name, const std::vector<AnyTensor>& inputs, const
     o.output_nr = static_cast<int>(i);
     node->outputs.push_back({o.dtype, o.device, o.shape});
   }
+  if (is_anomaly_enabled()) [[unlikely]] node->anomaly_context = detail::check_forward_anomaly(name, outputs);
 }
 
 }  // namespace ember::autograd
+
+#include "ember/autograd/detail/anomaly_impl.hpp"

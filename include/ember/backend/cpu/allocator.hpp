@@ -2,6 +2,7 @@
 // Host memory for CPU tensors: 64-byte aligned blocks with the same statistics and optional limit
 // as the CUDA allocator, so memory behaviour (peaks, out-of-memory) can be tested without a GPU.
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 
@@ -12,6 +13,11 @@ namespace ember::cpu {
 class HostAllocator {
  public:
   void* allocate(size_t bytes) {
+    // A count beyond int64 would turn negative below and slip under the limit; none can be met.
+    if (bytes > static_cast<size_t>(INT64_MAX) - 63)
+      throw OutOfMemory(::ember::detail::str_cat("out of memory on cpu: tried to allocate ", bytes,
+                                                 " bytes, more than any machine has"),
+                        -1, current_.load(), limit_.load());
     const int64_t b = static_cast<int64_t>(bytes);
     int64_t limit = limit_.load();
     int64_t now = current_.fetch_add(b) + b;

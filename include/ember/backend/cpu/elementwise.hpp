@@ -112,7 +112,9 @@ void unary(UnaryOp op, const T* x, T* out, int64_t n, double a, double b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     switch (op) {
       case UnaryOp::Neg: for (int64_t i = 0; i < n; ++i) out[i] = -x[i]; return;
-      case UnaryOp::Relu: for (int64_t i = 0; i < n; ++i) out[i] = x[i] > T(0) ? x[i] : T(0); return;
+      case UnaryOp::Relu:  // NaN propagates (x <= 0 is false for NaN), as torch.relu
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] <= T(0) ? T(0) : x[i];
+        return;
       case UnaryOp::MulScalar: for (int64_t i = 0; i < n; ++i) out[i] = x[i] * ca; return;
       case UnaryOp::AddScalar: for (int64_t i = 0; i < n; ++i) out[i] = x[i] + ca; return;
       case UnaryOp::Square: for (int64_t i = 0; i < n; ++i) out[i] = x[i] * x[i]; return;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ember/backend/cpu/elementwise.hpp"
+#include "ember/core/checked_math.hpp"
 
 #if defined(EMBER_HAVE_CBLAS)
 extern "C" {
@@ -51,8 +52,13 @@ void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
     const char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';
-    const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-    const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
+    // The Fortran BLAS takes 32-bit ints: a larger dimension would wrap to garbage, so it raises
+    // (ShapeError) before any call. No split either: the leading dimension that comes with a
+    // large m, n or k is itself too large for the same int.
+    const char* op = std::is_same_v<T, float> ? "matmul (BLAS sgemm)" : "matmul (BLAS dgemm)";
+    const int im = checked::to_int(m, op, "m"), in = checked::to_int(n, op, "n"), ik = checked::to_int(k, op, "k");
+    const int ilda = checked::to_int(lda, op, "lda"), ildb = checked::to_int(ldb, op, "ldb"),
+              ildc = checked::to_int(ldc, op, "ldc");
     if (k == 0) {  // BLAS would leave C untouched when alpha*A*B is empty; match beta semantics
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];

@@ -16,6 +16,7 @@
 
 #include "ember/backend/cuda/cudnn.hpp"
 #include "ember/core/backend.hpp"
+#include "ember/core/checked_math.hpp"
 
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -48,21 +49,23 @@ class ConvPlan {
     EMBER_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
     EMBER_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
     EMBER_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
-    EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, dt, static_cast<int>(a.n),
-                                                 static_cast<int>(a.c_in), static_cast<int>(a.h), static_cast<int>(a.w)));
-    EMBER_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, dt, CUDNN_TENSOR_NCHW, static_cast<int>(a.c_out),
-                                                 static_cast<int>(a.c_in / a.groups), static_cast<int>(a.kh),
-                                                 static_cast<int>(a.kw)));
-    EMBER_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, static_cast<int>(a.pad_h), static_cast<int>(a.pad_w),
-                                                      static_cast<int>(a.stride_h), static_cast<int>(a.stride_w),
-                                                      static_cast<int>(a.dil_h), static_cast<int>(a.dil_w),
+    // cuDNN's 4-d descriptors take ints: a larger size raises (ShapeError) instead of wrapping.
+    auto to_int = [](int64_t v, const char* what) { return checked::to_int(v, "conv2d (cuDNN descriptor)", what); };
+    EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, dt, to_int(a.n, "n"),
+                                                 to_int(a.c_in, "c_in"), to_int(a.h, "h"), to_int(a.w, "w")));
+    EMBER_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, dt, CUDNN_TENSOR_NCHW, to_int(a.c_out, "c_out"),
+                                                 to_int(a.c_in / a.groups, "c_in/groups"), to_int(a.kh, "kh"),
+                                                 to_int(a.kw, "kw")));
+    EMBER_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, to_int(a.pad_h, "pad_h"), to_int(a.pad_w, "pad_w"),
+                                                      to_int(a.stride_h, "stride_h"), to_int(a.stride_w, "stride_w"),
+                                                      to_int(a.dil_h, "dil_h"), to_int(a.dil_w, "dil_w"),
                                                       CUDNN_CROSS_CORRELATION, compute));
-    EMBER_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_, static_cast<int>(a.groups)));
+    EMBER_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_, to_int(a.groups, "groups")));
     half_precision_ = a.dtype == DType::Float16 || a.dtype == DType::BFloat16;
     EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, half_precision_ ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
-    EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, dt, static_cast<int>(a.n),
-                                                 static_cast<int>(a.c_out), static_cast<int>(a.out_h),
-                                                 static_cast<int>(a.out_w)));
+    EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, dt, to_int(a.n, "n"),
+                                                 to_int(a.c_out, "c_out"), to_int(a.out_h, "out_h"),
+                                                 to_int(a.out_w, "out_w")));
     cudnnHandle_t h = cudnn_handle(device);
     constexpr int kMax = 16;
     int got = 0;

@@ -67,8 +67,8 @@ inline AnyTensor AnyTensor::to(DType t) const {
 }
 
 inline AnyTensor AnyTensor::reshape(const Shape& s) const {
-  EMBER_CHECK(s.numel() == numel(), ShapeError, "reshape: cannot view ", desc(), " as shape ", s.str(),
-              " (", s.numel(), " elements)");
+  EMBER_CHECK(s.checked_numel("reshape") == numel(), ShapeError, "reshape: cannot view ", desc(), " as shape ",
+              s.str(), " (", s.numel(), " elements)");
   AnyTensor out = detail::make_view(*this, s, 0);
   Shape from = shape();
   autograd::record("ReshapeBackward", {*this}, {out},

@@ -107,7 +107,9 @@ inline Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b, co
                 " cannot be broadcast together (dimension ", i, ": ", da, " vs ", db, ")");
     out[static_cast<size_t>(i)] = da == 1 ? db : da;
   }
-  return Shape(out);
+  Shape r(out);
+  r.checked_numel(op);  // [2^32, 1] with [1, 2^32]: a ShapeError naming the op, not a wrapped count
+  return r;
 }
 
 // Strides for reading a tensor of shape `in` as if broadcast to shape `out`.
