@@ -7,9 +7,12 @@
 // parse_csv works on a byte buffer (the fuzz target calls it); a malformed file is a
 // FormatError naming the source, the record (1-based, after skipped rows and the header) and its
 // line, and the rule (field count, a field that is not a number, a label that is not an integer).
-#include <charconv>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +69,7 @@ inline CsvTable parse_csv(const uint8_t* data, size_t size, const std::string& s
   int64_t line_no = 0;
   bool header_pending = o.header;
   int skipped = 0;
+  char number[128];
   while (pos < text.size()) {
     size_t nl = text.find('\n', pos);
     std::string_view line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
@@ -93,12 +97,19 @@ inline CsvTable parse_csv(const uint8_t* data, size_t size, const std::string& s
                 " (line ", line_no, ") has ", fields.size(), " fields, expected ", t.cols);
     for (size_t c = 0; c < fields.size(); ++c) {
       std::string_view f = fields[c];
+      // strtod on a NUL-terminated copy (std::from_chars for double is missing from some standard
+      // libraries, libc++ 19 among them); the whole field must be the number.
       double v = 0;
-      const char* b = f.data();
-      const char* e = f.data() + f.size();
-      if (!f.empty() && *b == '+') ++b;
-      auto [ptr, ec] = std::from_chars(b, e, v);
-      if (f.empty() || ec != std::errc() || ptr != e) {
+      bool ok = !f.empty() && f.size() < sizeof number;
+      if (ok) {
+        std::memcpy(number, f.data(), f.size());
+        number[f.size()] = 0;
+        char* end = nullptr;
+        errno = 0;
+        v = std::strtod(number, &end);
+        ok = end == number + f.size() && !(errno == ERANGE && std::isinf(v)) && !std::isspace(static_cast<unsigned char>(number[0]));
+      }
+      if (!ok) {
         const std::string col = c < t.names.size() ? " '" + t.names[c] + "'" : std::string();
         throw FormatError(::ember::detail::str_cat("csv: '", source, "': record ", record, " (line ", line_no,
                                                    "): field", col, " (column ", c + 1, ") is '", f,

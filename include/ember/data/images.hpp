@@ -5,6 +5,10 @@
 // stored; 16-bit PNGs are reduced to 8 bits). Corrupt or truncated files are FormatErrors naming
 // the file; never a crash (libjpeg's fatal errors are turned into exceptions through longjmp out
 // of its error handler, before any C++ object lives in the decoding frame).
+// jpeglib.h uses size_t and FILE without including their headers.
+#include <cstddef>
+#include <cstdio>
+
 #include <jpeglib.h>
 #include <png.h>
 
