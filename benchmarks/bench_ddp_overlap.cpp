@@ -41,23 +41,17 @@
 #include <ember/distributed/mpi.hpp>
 #include <ember/ember.hpp>
 
-#include "../examples/common/openblas_env.hpp"
-
 using namespace ember;
 
 namespace {
 
-// Re-executes once with one BLAS thread per rank and OpenBLAS's AVX-512 kernels (both are read
-// when OpenBLAS loads, before main).
+// Re-executes once with one BLAS thread per rank (read when OpenBLAS loads, before main). The
+// BLAS kernel type (OPENBLAS_CORETYPE) is left as the environment has it.
 void ensure_benchmark_environment(char** argv) {
   if (std::getenv("EMBER_NO_REEXEC")) return;
   bool changed = false;
   if (!std::getenv("OPENBLAS_NUM_THREADS")) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    changed = true;
-  }
-  if (!std::getenv("OPENBLAS_CORETYPE") && examples::cpu_has_avx512f()) {
-    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
     changed = true;
   }
   if (!changed) return;

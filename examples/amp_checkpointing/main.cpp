@@ -19,7 +19,6 @@
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"
-#include "../common/openblas_env.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
@@ -71,7 +70,6 @@ Tensor<float> forward(Net& net, const Tensor<float>& x, int segments, const std:
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
                       {{"device", "auto"}, {"precision", "fp16"}, {"accumulate", "2"}, {"checkpoint", "4"},
                        {"width", "256"}, {"depth", "4"}, {"epochs", "15"}, {"batch-size", "32"}, {"lr", "0.003"},

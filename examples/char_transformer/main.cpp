@@ -24,7 +24,6 @@
 #include <ember/ember.hpp>
 
 #include "../common/args.hpp"
-#include "../common/openblas_env.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
@@ -115,7 +114,6 @@ Tensor<float> lm_loss(CharGPT& model, const Tensor<int64_t>& x, const Tensor<int
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
                       {{"device", "auto"}, {"steps", "600"}, {"batch-size", "32"}, {"block", "64"}, {"lr", "0.003"},
                        {"seed", "0"}, {"layers", "2"}, {"embed", "96"}, {"heads", "4"}, {"sample", "300"},

@@ -12,6 +12,13 @@
 // process groups move CPU tensors). Rank 0 prints one JSON line at the end. A rank that fails
 // makes the others raise DistributedError after --timeout-s seconds: they print it and exit 1
 // (--fail-rank R makes rank R stop at its third step, to see this happen).
+//
+// --device cpu (the default) | cuda | cuda:N | auto. On GPUs the gradients travel over NCCL, one
+// process per GPU: `mpirun -np 2 ddp_train --device cuda` gives rank r the GPU r % (GPUs on its
+// host) (cuda:N pins every rank to N). NCCL's one-process-many-GPUs mode needs one thread to issue
+// every device's collectives, which DataParallel's per-rank backward hooks cannot do, so the
+// thread ranks (--ranks) run on the CPU only and refuse a GPU. auto: the GPU under MPI when the
+// build has NCCL and the host a GPU, else the CPU.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -29,11 +36,16 @@
 #else
 #define DDP_TRAIN_HAVE_MPI 0
 #endif
+#if DDP_TRAIN_HAVE_MPI && defined(EMBER_EXAMPLE_NCCL)
+#include <ember/distributed/nccl.hpp>
+#define DDP_TRAIN_HAVE_NCCL 1
+#else
+#define DDP_TRAIN_HAVE_NCCL 0
+#endif
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"
 #include "../common/digits_cnn_model.hpp"
-#include "../common/openblas_env.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
@@ -48,6 +60,7 @@ struct Setup {
   int fail_rank;  // this rank stops (throws) at its third step: shows the failure path
   const examples::Digits* train;
   const examples::Digits* test;
+  Device device = Device::cpu();  // where this rank's replica, data and collectives live
 };
 
 // One rank's training loop. Returns the JSON line on rank 0, "" elsewhere.
@@ -55,8 +68,9 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
                        const std::string& backend) {
   const int rank = g.rank(), world = g.size();
   const examples::Digits& train = *s.train;
-  auto x_train = Tensor<float>::from_vector(train.pixels, {train.n, 1, 8, 8});
-  auto y_train = Tensor<int64_t>::from_vector(train.labels, {train.n});
+  auto x_train = Tensor<float>::from_vector(train.pixels, {train.n, 1, 8, 8}).to(s.device);
+  auto y_train = Tensor<int64_t>::from_vector(train.labels, {train.n}).to(s.device);
+  model->to(s.device);
 
   // Checks the replicas agree and broadcasts rank 0's weights. gradient_as_bucket_view: backward
   // writes the gradients straight into the buffers that are all-reduced (no copies in and out;
@@ -82,7 +96,7 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
   for (int64_t epoch = 0; epoch < s.epochs; ++epoch) {
     sampler.set_epoch(static_cast<uint64_t>(epoch));
     std::vector<int64_t> mine = sampler.indices();
-    auto perm = Tensor<int64_t>::from_vector(mine);
+    auto perm = Tensor<int64_t>::from_vector(mine).to(s.device);
     double epoch_loss = 0;
     int64_t batches = 0;
     for (int64_t b0 = 0; b0 < per_rank; b0 += s.batch) {
@@ -107,7 +121,7 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
       ++batches;
       if (rank == 0) progress.step(epoch, s.epochs, ++step, last_loss, idx.numel() * world);
     }
-    AnyTensor mean_loss = Tensor<double>::from_vector({epoch_loss / static_cast<double>(batches)});
+    AnyTensor mean_loss = Tensor<double>::from_vector({epoch_loss / static_cast<double>(batches)}).to(s.device);
     g.all_reduce(mean_loss, dist::ReduceOp::Avg);
     if (rank == 0)
       progress.epoch(epoch, s.epochs, "loss " + examples::num(mean_loss.to_double_vector()[0], 4), 5);
@@ -115,11 +129,12 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
   if (rank != 0) return "";
   progress.finish();
   const double seconds = progress.seconds();
-  auto x_test = Tensor<float>::from_vector(s.test->pixels, {s.test->n, 1, 8, 8});
-  auto y_test = Tensor<int64_t>::from_vector(s.test->labels, {s.test->n});
+  auto x_test = Tensor<float>::from_vector(s.test->pixels, {s.test->n, 1, 8, 8}).to(s.device);
+  auto y_test = Tensor<int64_t>::from_vector(s.test->labels, {s.test->n}).to(s.device);
   const double acc = examples::accuracy(*model, x_test, y_test);
   return examples::json_line({{"example", examples::quoted("ddp_train")},
                               {"backend", examples::quoted(backend)},
+                              {"device", examples::quoted(s.device.str())},
                               {"ranks", std::to_string(world)},
                               {"optimizer", examples::quoted(s.zero ? "zero1_adam" : "adam")},
                               {"epochs", std::to_string(s.epochs)},
@@ -138,9 +153,8 @@ bool launched_by_mpi() {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
-                      {{"ranks", "2"}, {"epochs", "10"}, {"batch-size", "16"}, {"lr", "0.002"}, {"seed", "0"},
+                      {{"device", "cpu"}, {"ranks", "2"}, {"epochs", "10"}, {"batch-size", "16"}, {"lr", "0.002"}, {"seed", "0"},
                        {"zero", "0"}, {"timeout-s", "300"},
                        {"fail-rank", "-1"}});
   examples::Digits all = examples::load_digits(), train, test;
@@ -151,10 +165,31 @@ int main(int argc, char** argv) try {
   dist::ProcessGroupOptions options;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.real("timeout-s") * 1000.0));
 
+  const std::string device_arg = args.str("device");
+  auto wants_gpu = [&] {
+    if (device_arg == "auto") return DDP_TRAIN_HAVE_NCCL && launched_by_mpi() && cuda::is_available();
+    return args.device().is_cuda();  // validates cpu|cuda|cuda:N
+  };
 #if DDP_TRAIN_HAVE_MPI
   if (launched_by_mpi()) {
     auto pg = dist::init_from_environment(options);
     manual_seed(seed);
+    if (wants_gpu()) {
+#if DDP_TRAIN_HAVE_NCCL
+      EMBER_CHECK(cuda::is_available(), DeviceError, "--device ", device_arg, " but no GPU is visible");
+      const int n = cuda::device_count();
+      const int index = device_arg == "cuda" || device_arg == "auto" ? pg->rank() % n : args.device().index();
+      s.device = Device::cuda(index);
+      dist::NcclOptions nccl_options;
+      nccl_options.timeout = options.timeout;
+      auto nccl = dist::NcclProcessGroup::create(*pg, index, nccl_options);
+      std::string line = train_rank(*nccl, examples::make_digits_cnn(), s, "nccl");
+      if (!line.empty()) std::printf("%s\n", line.c_str());
+      return 0;
+#else
+      throw DeviceError("--device " + device_arg + " needs NCCL (a build with the CUDA backend)");
+#endif
+    }
     std::string line = train_rank(*pg, examples::make_digits_cnn(), s, "mpi");
     if (!line.empty()) std::printf("%s\n", line.c_str());
     return 0;
@@ -165,6 +200,10 @@ int main(int argc, char** argv) try {
                          "with --ranks threads (each MPI rank does the same)\n");
 #endif
 
+  if (device_arg != "auto" && wants_gpu())
+    throw DeviceError("--device " + device_arg +
+                      " needs one process per GPU (mpirun -np N ddp_train --device cuda); the thread ranks of "
+                      "--ranks run on the CPU");
   const int ranks = static_cast<int>(args.integer("ranks"));
   auto groups = dist::ThreadProcessGroup::create(ranks, options);
   // The replicas are built here, one after the other (the default generator is shared); the

@@ -18,7 +18,6 @@
 #include <ember/ember.hpp>
 
 #include "../common/args.hpp"
-#include "../common/openblas_env.hpp"
 #include "../common/digits.hpp"
 #include "../common/digits_cnn_model.hpp"
 #include "../common/progress.hpp"
@@ -26,7 +25,6 @@
 using namespace ember;
 
 int main(int argc, char** argv) try {
-  examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
                       {{"device", "auto"}, {"epochs", "20"}, {"batch-size", "32"}, {"lr", "0.002"}, {"seed", "0"},
                         {"checkpoint-dir", ""}, {"checkpoint-every", "5"}, {"resume", "0"}});

@@ -16,7 +16,6 @@
 #include <ember/ember.hpp>
 
 #include "../common/args.hpp"
-#include "../common/openblas_env.hpp"
 #include "../common/digits.hpp"
 
 using namespace ember;
@@ -44,7 +43,6 @@ Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<int64_t>& 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::ensure_openblas_coretype(argv);
   examples::Args args(argc, argv,
                       {{"device", "auto"}, {"epochs", "30"}, {"batch-size", "64"}, {"lr", "0.05"}, {"seed", "0"},
                        {"hidden", "128"}});
