@@ -109,7 +109,7 @@ TEST_CASE("anomaly: a non-finite gradient in backward names the node and where f
                                              Contains("created in forward by op 'log' in module 'act' (LogLayer)"));
 }
 
-TEST_CASE("anomaly: the guard nests and restores; a finite training step is unchanged", "[anomaly]") {
+TEST_CASE("anomaly: the guard nests and restores, and a finite training step is unchanged", "[anomaly]") {
   {
     autograd::detect_anomaly a;
     {

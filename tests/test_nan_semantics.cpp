@@ -93,7 +93,7 @@ TEST_CASE("nan: unary ops on NaN and infinities match PyTorch", "[nan]") {
   check_same(unary_of<float>(UnaryOp::Reciprocal, {0.0}), {kInf});
 }
 
-TEST_CASE("nan: binary ops propagate NaN; maximum/minimum gradients follow PyTorch at NaN", "[nan]") {
+TEST_CASE("nan: binary ops propagate NaN, and maximum/minimum gradients follow PyTorch at NaN", "[nan]") {
   auto a = Tensor<double>::from_vector({kNan, 1.0, 2.0, 1.0, 0.0}, Shape{5});
   auto b = Tensor<double>::from_vector({1.0, kNan, 2.0, 0.0, 0.0}, Shape{5});
   check_same(maximum(a, b).to_double_vector(), {kNan, kNan, 2.0, 1.0, 0.0});
@@ -113,7 +113,7 @@ TEST_CASE("nan: binary ops propagate NaN; maximum/minimum gradients follow PyTor
   }
 }
 
-TEST_CASE("nan: reductions propagate NaN and infinities; max's gradient goes to the NaN", "[nan]") {
+TEST_CASE("nan: reductions propagate NaN and infinities, and max gradients go to the NaN", "[nan]") {
   auto x = Tensor<double>::from_vector({1.0, kNan, 3.0, 4.0}, Shape{2, 2});
   CHECK(std::isnan(sum(x).item()));
   CHECK(std::isnan(mean(x).item()));
