@@ -341,7 +341,7 @@ TEST_CASE("CheckpointManager: a corrupt or partial newest checkpoint is skipped 
   CHECK(ckpt.latest() == std::optional<int64_t>(1));
 }
 
-TEST_CASE("CheckpointManager: save_async writes in the background; errors surface at the next call", "[checkpoint]") {
+TEST_CASE("CheckpointManager: save_async writes in the background, errors surface at the next call", "[checkpoint]") {
   TempDir dir;
   Big model;
   optim::SGD opt(model.parameters(), {.lr = 0.1});
