@@ -20,6 +20,7 @@
 #include "ember/ember.hpp"
 #include "ember/io/io.hpp"
 #include "ember/optim/state_io.hpp"
+#include "pretend_gpu.hpp"
 
 using namespace ember;
 namespace fs = std::filesystem;
@@ -151,6 +152,27 @@ TEST_CASE("safetensors: the memory-mapped reader hands out one tensor at a time"
   }
   io::SafetensorsFile moved = std::move(f);
   CHECK(Tensor<float>(moved.get("f32")).to_vector()[5] == 3.25f);
+}
+
+TEST_CASE("safetensors: loading onto a device goes through the double-buffered pinned staging", "[safetensors][device]") {
+  testing::PretendGpu gpu;  // cuda:0 made of CPU kernels when there is no GPU
+  TempDir dir;
+  std::vector<float> v(2500);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  io::save_file(dir / "d.safetensors", {{"big", Tensor<float>::from_vector(v, {50, 50})},
+                                        {"small", Tensor<int64_t>::from_vector({3, -4}, {2})},
+                                        {"none", Tensor<float>::empty({0})}});
+  io::SafetensorsFile f(dir / "d.safetensors");
+  f.set_staging_bytes(1000);  // 10 chunks for "big", alternating between the two buffers
+  AnyTensor big = f.get("big", Device::cuda(0));
+  CHECK(big.device() == Device::cuda(0));
+  CHECK(Tensor<float>(big.to(Device::cpu())).to_vector() == v);
+  CHECK(Tensor<int64_t>(f.get("small", Device::cuda(0)).to(Device::cpu())).to_vector() == std::vector<int64_t>{3, -4});
+  CHECK(f.get("none", Device::cuda(0)).numel() == 0);
+  f.set_staging_bytes(3);  // chunks that split elements
+  CHECK(Tensor<float>(f.get("big", Device::cuda(0)).to(Device::cpu())).to_vector() == v);
+  io::TensorList all = io::load_file(dir / "d.safetensors", Device::cuda(0));
+  CHECK(Tensor<float>(all[0].second.to(Device::cpu())).to_vector() == v);
 }
 
 TEST_CASE("safetensors: reads the files the Python package wrote (fixtures)", "[safetensors][interop]") {

@@ -10,8 +10,9 @@
 // data starts at a multiple of 8, then the tensors' bytes in the same order, contiguously; it
 // refuses two tensors that share storage (as safetensors does: tied weights are saved once) and
 // writes atomically (io/atomic_file.hpp). The reader maps the file read-only and copies a tensor's
-// bytes straight from the mapping into the tensor's memory (for CUDA: from the page cache through
-// copy_from_host; the file's pages are not pinned).
+// bytes straight from the mapping into the tensor's memory; onto a GPU through two pinned host
+// buffers that the file object keeps (a chunk is copied from the mapping into one while the other
+// uploads: Backend::allocate_pinned / upload_async).
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -160,7 +161,7 @@ class SafetensorsFile {
   }
   SafetensorsFile(SafetensorsFile&& o) noexcept
       : path_(std::move(o.path_)), map_(std::exchange(o.map_, nullptr)), size_(std::exchange(o.size_, 0)),
-        header_(std::move(o.header_)) {}
+        header_(std::move(o.header_)), staging_(std::exchange(o.staging_, {})), chunk_(o.chunk_) {}
   SafetensorsFile& operator=(SafetensorsFile&& o) noexcept {
     if (this != &o) {
       unmap();
@@ -168,6 +169,8 @@ class SafetensorsFile {
       map_ = std::exchange(o.map_, nullptr);
       size_ = std::exchange(o.size_, 0);
       header_ = std::move(o.header_);
+      staging_ = std::exchange(o.staging_, {});
+      chunk_ = o.chunk_;
     }
     return *this;
   }
@@ -194,8 +197,16 @@ class SafetensorsFile {
   // The raw bytes of a tensor inside the mapping (valid while this object lives).
   const uint8_t* data(const std::string& name) const { return map_ + header_.data_start + entry(name).begin; }
 
-  // A new tensor on `device` with the stored values.
+  // A new tensor on `device` with the stored values. Loads onto a GPU share this object's pinned
+  // staging buffers: call get() from one thread at a time for those.
   AnyTensor get(const std::string& name, Device device = Device::cpu()) const { return load(entry(name), device); }
+
+  // The size of each of the two pinned staging buffers for GPU loads (default 16 MiB).
+  void set_staging_bytes(size_t bytes) {
+    free_staging();
+    staging_.backend = nullptr;
+    chunk_ = bytes > 0 ? bytes : 1;
+  }
 
   // Every tensor, in data order.
   TensorList load_all(Device device = Device::cpu()) const {
@@ -212,18 +223,68 @@ class SafetensorsFile {
     EMBER_CHECK(e.shape.size() <= static_cast<size_t>(kMaxDims), ShapeError, "safetensors file '", path_,
                 "': tensor '", e.name, "' has ", e.shape.size(), " dimensions; ember tensors have at most ", kMaxDims);
     AnyTensor t = AnyTensor::empty(Shape(e.shape), *e.dtype, device);
-    if (e.nbytes() > 0) t.backend().copy_from_host(t.data_ptr(), map_ + header_.data_start + e.begin, e.nbytes());
+    if (e.nbytes() == 0) return t;
+    const uint8_t* src = map_ + header_.data_start + e.begin;
+    if (device.is_cpu()) {
+      std::memcpy(t.data_ptr(), src, e.nbytes());
+      return t;
+    }
+    upload(t.backend(), static_cast<uint8_t*>(t.data_ptr()), src, e.nbytes());
     return t;
   }
+
+  // Double-buffered upload through pinned memory: the copy from the mapping into one buffer
+  // overlaps the upload from the other.
+  void upload(Backend& b, uint8_t* dst, const uint8_t* src, size_t n) const {
+    if (staging_.backend != &b) {
+      free_staging();
+      staging_.backend = &b;
+      staging_.bytes = chunk_;
+    }
+    uint64_t ticket[2] = {0, 0};
+    try {
+      size_t off = 0;
+      for (int i = 0; off < n; i ^= 1) {
+        const size_t len = std::min(staging_.bytes, n - off);
+        if (!staging_.buf[i]) staging_.buf[i] = b.allocate_pinned(staging_.bytes);
+        if (ticket[i]) b.wait_upload(ticket[i]);  // that buffer's previous chunk has been read
+        std::memcpy(staging_.buf[i], src + off, len);
+        ticket[i] = b.upload_async(dst + off, staging_.buf[i], len);
+        off += len;
+      }
+    } catch (...) {
+      for (uint64_t tk : ticket)
+        if (tk) b.wait_upload(tk);
+      throw;
+    }
+    for (uint64_t tk : ticket)
+      if (tk) b.wait_upload(tk);  // the buffers are free for the next tensor
+  }
+  void free_staging() const noexcept {
+    for (void*& p : staging_.buf)
+      if (p) {
+        staging_.backend->free_pinned(p, staging_.bytes);
+        p = nullptr;
+      }
+  }
   void unmap() noexcept {
+    free_staging();
     if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
     map_ = nullptr;
   }
+
+  struct Staging {
+    Backend* backend = nullptr;
+    size_t bytes = 0;
+    void* buf[2] = {nullptr, nullptr};
+  };
 
   std::string path_;
   const uint8_t* map_ = nullptr;
   uint64_t size_ = 0;
   SafetensorsHeader header_;
+  mutable Staging staging_;  // pinned buffers for GPU loads, allocated on the first one
+  size_t chunk_ = size_t{16} << 20;
 };
 
 // Every tensor of a file, as new tensors on `device`.
