@@ -24,6 +24,7 @@
 #include <ember/ember.hpp>
 
 #include "../common/args.hpp"
+#include "../common/observe.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
@@ -106,7 +107,7 @@ void make_batch(const std::vector<int64_t>& data, int64_t B, int64_t T, Generato
 
 // Mean cross-entropy (nats) over every position of a batch.
 Tensor<float> lm_loss(CharGPT& model, const Tensor<int64_t>& x, const Tensor<int64_t>& y) {
-  auto logits = model.forward(x);
+  auto logits = model(x);  // operator(): the profiler sees the module tree from its root
   const int64_t V = logits.shape()[2];
   return nn::functional::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}));
 }
@@ -115,9 +116,10 @@ Tensor<float> lm_loss(CharGPT& model, const Tensor<int64_t>& x, const Tensor<int
 
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
-                      {{"device", "auto"}, {"steps", "600"}, {"batch-size", "32"}, {"block", "64"}, {"lr", "0.003"},
-                       {"seed", "0"}, {"layers", "2"}, {"embed", "96"}, {"heads", "4"}, {"sample", "300"},
-                       {"eval-batches", "20"}});
+                      examples::with_observe_flags({{"device", "auto"}, {"steps", "600"}, {"batch-size", "32"},
+                                                    {"block", "64"}, {"lr", "0.003"}, {"seed", "0"}, {"layers", "2"},
+                                                    {"embed", "96"}, {"heads", "4"}, {"sample", "300"},
+                                                    {"eval-batches", "20"}}));
   const Device dev = args.device();
   const int64_t steps = args.integer("steps"), B = args.integer("batch-size"), T = args.integer("block");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -158,11 +160,18 @@ int main(int argc, char** argv) try {
                                        .min_lr = args.real("lr") / 10});
 
   Generator data_gen(seed + 17);
+  examples::Observe observe(args, {{"example", std::string("char_transformer")}, {"device", dev.str()},
+                                   {"steps", static_cast<double>(steps)}, {"batch_size", static_cast<double>(B)},
+                                   {"block", static_cast<double>(T)}, {"lr", args.real("lr")},
+                                   {"layers", static_cast<double>(args.integer("layers"))}});
   examples::Progress progress;
   double last = 0;
   for (int64_t step = 0; step < steps; ++step) {
     Tensor<int64_t> x, y;
-    make_batch(train, B, T, data_gen, dev, x, y);
+    {
+      trace::PhaseScope data(trace::Phase::DataWait);  // this example's data loading
+      make_batch(train, B, T, data_gen, dev, x, y);
+    }
     auto loss = lm_loss(model, x, y);
     opt.zero_grad();
     loss.backward();
@@ -171,9 +180,11 @@ int main(int argc, char** argv) try {
     schedule.step();
     last = loss.item();
     progress.step(0, 1, step + 1, last, B * T);
+    observe.step(step + 1, last, B, opt.param_groups()[0].lr());
     if ((step + 1) % 100 == 0) progress.epoch(0, 1, "step " + std::to_string(step + 1) + " loss " + examples::num(last, 4));
   }
   progress.finish();
+  observe.finish(steps);
   const double train_seconds = progress.seconds();
 
   // Validation bits per character over fixed windows of the held-out text.

@@ -3,6 +3,7 @@
 //
 //   digits_cnn [--device auto|cpu|cuda:N] [--epochs 20] [--batch-size 32] [--lr 0.002] [--seed 0]
 //              [--save model.safetensors] [--checkpoint-dir DIR [--checkpoint-every 5] [--resume 1]]
+//              [--profile trace.json] [--log-dir runs/digits_cnn]   (examples/common/observe.hpp)
 //
 // --checkpoint-dir: a checkpoint (model, Adam state, schedule, generator, epoch) every
 // --checkpoint-every epochs, written in the background (train::CheckpointManager::save_async);
@@ -20,14 +21,16 @@
 #include "../common/args.hpp"
 #include "../common/digits.hpp"
 #include "../common/digits_cnn_model.hpp"
+#include "../common/observe.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
 
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
-                      {{"device", "auto"}, {"epochs", "20"}, {"batch-size", "32"}, {"lr", "0.002"}, {"seed", "0"},
-                        {"checkpoint-dir", ""}, {"checkpoint-every", "5"}, {"resume", "0"}});
+                      examples::with_observe_flags({{"device", "auto"}, {"epochs", "20"}, {"batch-size", "32"},
+                                                    {"lr", "0.002"}, {"seed", "0"}, {"checkpoint-dir", ""},
+                                                    {"checkpoint-every", "5"}, {"resume", "0"}}));
   const Device dev = args.device();
   const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -46,6 +49,9 @@ int main(int argc, char** argv) try {
   const int64_t steps_per_epoch = (train.n + batch - 1) / batch;
   optim::CosineAnnealingLR schedule(opt, epochs * steps_per_epoch);  // per step, down to 0
 
+  examples::Observe observe(args, {{"example", std::string("digits_cnn")}, {"device", dev.str()},
+                                   {"epochs", static_cast<double>(epochs)}, {"batch_size", static_cast<double>(batch)},
+                                   {"lr", args.real("lr")}, {"seed", static_cast<double>(seed)}});
   examples::Progress progress;
   double last_loss = 0;
   int64_t step = 0, first_epoch = 0;
@@ -72,7 +78,14 @@ int main(int argc, char** argv) try {
     int64_t batches = 0;
     for (int64_t b0 = 0; b0 < train.n; b0 += batch) {
       auto idx = perm.slice(b0, std::min(train.n, b0 + batch));
-      auto loss = nn::functional::cross_entropy((*model)(index_select(x_train, 0, idx)), index_select(y_train, 0, idx));
+      Tensor<float> xb;
+      Tensor<int64_t> yb;
+      {
+        trace::PhaseScope data(trace::Phase::DataWait);  // the batch's gather is this example's data loading
+        xb = index_select(x_train, 0, idx);
+        yb = index_select(y_train, 0, idx);
+      }
+      auto loss = nn::functional::cross_entropy((*model)(xb), yb);
       opt.zero_grad();
       loss.backward();
       opt.step();
@@ -81,6 +94,7 @@ int main(int argc, char** argv) try {
       epoch_loss += last_loss;
       ++batches;
       progress.step(epoch, epochs, ++step, last_loss, idx.numel());
+      observe.step(step, last_loss, idx.numel(), opt.param_groups()[0].lr());
     }
     progress.epoch(epoch, epochs, "loss " + examples::num(epoch_loss / static_cast<double>(batches), 4), 5);
     if (ckpt && (epoch + 1) % std::max<int64_t>(1, args.integer("checkpoint-every")) == 0)
@@ -88,6 +102,7 @@ int main(int argc, char** argv) try {
   }
   if (ckpt) ckpt->wait();
   progress.finish();
+  observe.finish(step);
   const double seconds = progress.seconds();
   const double acc = examples::accuracy(*model, x_test, y_test);
   std::printf("%s\n", examples::json_line({{"example", examples::quoted("digits_cnn")},

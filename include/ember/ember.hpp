@@ -30,3 +30,7 @@
 #include "ember/train/train.hpp"
 #include "ember/distributed/process_group.hpp"  // dist::MpiProcessGroup: ember/distributed/mpi.hpp (link ember::mpi)
 #include "ember/data/distributed_sampler.hpp"
+#include "ember/log/metrics_logger.hpp"      // logging::MetricsLogger (TensorBoard, JSON lines, CSV)
+#include "ember/profile/device_monitor.hpp"  // profile::DeviceMonitor (NVML loaded at run time)
+#include "ember/profile/profiler.hpp"        // profile::Profiler, Range, ProfileScope, verdict
+#include "ember/profile/step_log.hpp"

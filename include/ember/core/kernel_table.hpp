@@ -217,7 +217,7 @@ class Backend {
   virtual uint64_t timing_event_record() { return 0; }
   // Milliseconds from event `start` to event `end`, waiting for `end` to complete; negative when
   // either is 0 or unknown.
-  virtual double timing_event_elapsed_ms(uint64_t start, uint64_t end) { return -1.0; }
+  virtual double timing_event_elapsed_ms(uint64_t /*start*/, uint64_t /*end*/) { return -1.0; }
   // Returns every event recorded so far to the pool (their ids become invalid).
   virtual void timing_events_release() {}
 };

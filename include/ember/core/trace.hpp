@@ -75,17 +75,18 @@ class Listener {
   virtual void range_begin(const char* name) = 0;
   virtual void range_end(const char* name) = 0;
   // An op: name (a string literal), its first inputs (n <= kMaxOpInputs).
-  virtual void op_begin(const char* name, const OpInput* inputs, int n) {}
-  virtual void op_end(const char* name) {}
+  virtual void op_begin(const char* /*name*/, const OpInput* /*inputs*/, int /*n*/) {}
+  virtual void op_end(const char* /*name*/) {}
   // A node of the autograd graph running its backward (the engine's loop), named by the node;
   // it ends with op_end(nullptr).
-  virtual void backward_op_begin(const std::string& node_name, const OpInput* inputs, int n) {}
+  virtual void backward_op_begin(const std::string& /*node_name*/, const OpInput* /*inputs*/, int /*n*/) {}
   // A module's forward. `module` identifies it (a nested scope of the same module is the same
   // call); local_name is its name in its parent ("" for a root), type_name its class.
-  virtual void module_begin(const void* module, const std::string& local_name, const std::string& type_name) {}
-  virtual void module_end(const void* module) {}
+  virtual void module_begin(const void* /*module*/, const std::string& /*local_name*/,
+                            const std::string& /*type_name*/) {}
+  virtual void module_end(const void* /*module*/) {}
   // Work that ran outside this thread's scopes, measured by its owner (times from now_ns()).
-  virtual void interval(Phase phase, const char* name, int64_t begin_ns, int64_t end_ns) {}
+  virtual void interval(Phase /*phase*/, const char* /*name*/, int64_t /*begin_ns*/, int64_t /*end_ns*/) {}
 };
 
 inline std::atomic<Listener*>& listener_slot() {

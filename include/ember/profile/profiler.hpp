@@ -490,7 +490,12 @@ class Recorder final : public trace::Listener {
   void backward_op_begin(const std::string& node_name, const trace::OpInput* in, int n) override {
     with_buffer([&](ThreadBuffer& b, Session& s, int64_t now) {
       auto it = b.backward_ids.find(node_name);
-      if (it == b.backward_ids.end()) it = b.backward_ids.emplace(node_name, b.intern(node_name + "_backward")).first;
+      if (it == b.backward_ids.end()) {
+        // "mul" -> "mul_backward"; a node already named for its backward ("ReshapeBackward") stays.
+        const bool named = node_name.size() >= 8 && (node_name.compare(node_name.size() - 8, 8, "Backward") == 0 ||
+                                                     node_name.compare(node_name.size() - 8, 8, "backward") == 0);
+        it = b.backward_ids.emplace(node_name, b.intern(named ? node_name : node_name + "_backward")).first;
+      }
       Frame& f = push(b, s, now, EventKind::BackwardOp);
       f.name = it->second;
       begin_op(b, s, f, in, n, now);
