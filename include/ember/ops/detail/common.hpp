@@ -68,7 +68,6 @@ class OpScopeList {
   const char* name_ = nullptr;
 };
 
-
 inline void check_defined(const char* op, const AnyTensor& t, const char* what = "input") {
   EMBER_CHECK(t.defined(), ValueError, op, ": ", what, " is an undefined tensor");
 }
