@@ -25,7 +25,8 @@
 #       build breaks, the table is not reached, or the file or time limits are not kept
 #
 # Environment: OUT (default ./gpu-check-out), EMBER_GPU_BUILD_DIR (build-gpu; dry run: build-gpu-dry),
-# EMBER_GPU_JOBS (all cores), EMBER_GPU_DEADLINE (seconds, 520), EMBER_TEST_TIMEOUT (per test, 120),
+# EMBER_GPU_JOBS (all cores), EMBER_GPU_DEADLINE (seconds, 520), EMBER_GPU_PYTHON (the Python with
+# PyTorch; default: python3 on PATH), EMBER_TEST_TIMEOUT (per test, 120),
 # EMBER_BENCH_TIMEOUT (per benchmark program, 90), EMBER_ALLREDUCE_MAX_BYTES (16M), CUDNN_ROOT /
 # NCCL_ROOT (skip the search), EMBER_CMAKE_ARGS (extra configure arguments), and the data paths
 # EMBER_DIGITS_CSV, EMBER_TEXT_DIR, EMBER_FASHION_MNIST_DIR (default: .device-data when carried).
@@ -293,7 +294,7 @@ if ! command -v nvcc >/dev/null 2>&1; then
     [[ -x $d/nvcc ]] && export PATH=$d:$PATH && break
   done
 fi
-python=$(command -v python3 || command -v python || true)
+python=${EMBER_GPU_PYTHON:-$(command -v python3 || command -v python || true)}  # the one with torch
 
 # The folder holding include/<header>: a wheel's nvidia/<pkg> (through Python), else a system prefix.
 find_root() { # find_root HEADER WHEEL_SUBDIR
@@ -553,7 +554,8 @@ shopt -s nullglob
 programs=()
 for exe in "$build"/benchmarks/bench_*; do
   [[ -x $exe && -f $exe ]] || continue
-  case ${exe##*/} in bench_allreduce* | bench_ddp_overlap | bench_mpi_progress) continue ;; esac
+  # Google Benchmark programs only (the plain-main ones take other arguments): those linked with it.
+  [[ $(ldd "$exe" 2>/dev/null) == *libbenchmark.so* ]] || continue
   programs+=("${exe##*/}")
 done
 shopt -u nullglob
