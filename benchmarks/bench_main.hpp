@@ -1,6 +1,6 @@
 #pragma once
-// What every Google Benchmark program of ember shares: main() (the OpenBLAS core-type fix, the
-// CPU benchmarks, the same benchmarks on cuda:0 when a GPU is present, then Google Benchmark),
+// What every Google Benchmark program of ember shares: main() (OPENBLAS_CORETYPE in the output's
+// context, the CPU benchmarks, the same benchmarks on cuda:0 when a GPU is present, then Google Benchmark),
 // bench::reg (registration that turns a failing case into an error row of the JSON instead of
 // ending the program) and bench::timed (one iteration timed the way the PyTorch twin,
 // benchmarks/bench_torch.py, times its calls).
