@@ -143,7 +143,7 @@ TEST_CASE("IDX: uint8, int16, int32, float32, float64 payloads decode big-endian
   CHECK(Tensor<double>(parse_idx(bd.data(), bd.size(), "f64")).item() == -2.5);
 }
 
-TEST_CASE("IDX: plain and gzip files give the same tensor; IdxDataset pairs images with labels", "[data][idx]") {
+TEST_CASE("IDX: plain and gzip files give the same tensor, and IdxDataset pairs images with labels", "[data][idx]") {
   std::vector<uint8_t> pix(3 * 2 * 2);
   std::iota(pix.begin(), pix.end(), 0);
   auto images = idx_bytes(0x08, {3, 2, 2}, pix);

@@ -504,7 +504,7 @@ TEST_CASE("Transforms: bad inputs name the transform, the field and the shape", 
   CHECK_THROWS_AS(ToFloat{.field = "pixels"}(chw, rng), ValueError);
 }
 
-TEST_CASE("SampleRandom: keyed by (seed, epoch, index), uniform in [0, 1)", "[data][random]") {
+TEST_CASE("SampleRandom: keyed by (seed, epoch, index), uniform between 0 and 1", "[data][random]") {
   SampleRandom a(1, 2, 3), b(1, 2, 3), c(1, 2, 4), d(1, 3, 3), e(2, 2, 3);
   const uint64_t x = a.next_u64();
   CHECK(x == b.next_u64());

@@ -83,7 +83,7 @@ std::vector<uint8_t> encode_jpeg_gray(int h, int w, uint8_t value, int component
 
 }  // namespace
 
-TEST_CASE("PNG: encode/decode round trip for 1, 3 and 4 channels; corrupt and truncated files", "[data][images]") {
+TEST_CASE("PNG: encode/decode round trip for 1, 3 and 4 channels, and corrupt and truncated files fail", "[data][images]") {
   for (int64_t c : {1, 3, 4}) {
     auto img = pattern(5, 7, c, static_cast<int>(c));
     auto png = encode_png(img);
@@ -105,7 +105,7 @@ TEST_CASE("PNG: encode/decode round trip for 1, 3 and 4 channels; corrupt and tr
   CHECK_THROWS_AS(encode_png(Tensor<float>::zeros({2, 2})), ValueError);
 }
 
-TEST_CASE("JPEG: gray and RGB decode to the encoded value; corrupt data is a FormatError", "[data][images]") {
+TEST_CASE("JPEG: gray and RGB decode to the encoded value, and corrupt data is a FormatError", "[data][images]") {
   auto gray = encode_jpeg_gray(16, 24, 200, 1);
   CHECK(is_jpeg(gray.data(), gray.size()));
   AnyTensor g = decode_jpeg(gray.data(), gray.size(), "g.jpg");
@@ -145,7 +145,7 @@ TEST_CASE("ImageFolderDataset: sorted classes are labels, PNG and JPEG files dec
   CHECK_THROWS_AS(ImageFolderDataset((temp_dir() / "empty").string()), IOError);
 }
 
-TEST_CASE("Records: encode/decode every dtype and encoded images; malformed records name the rule", "[data][lmdb]") {
+TEST_CASE("Records: encode/decode every dtype and encoded images, and malformed records name the rule", "[data][lmdb]") {
   auto f = Tensor<float>::from_vector({1.5f, -2}, {2});
   auto l = Tensor<int64_t>::scalar(7);
   auto png = encode_png(pattern(3, 2, 1, 5));
