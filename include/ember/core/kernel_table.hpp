@@ -207,6 +207,11 @@ class Backend {
   // True when that upload, and every earlier one, has finished reading its host buffer.
   virtual bool upload_finished(uint64_t ticket) = 0;
   virtual void wait_upload(uint64_t ticket) = 0;
+  // Queues a copy of `bytes` of device memory into host memory (pinned, or the copy is not
+  // asynchronous) on the compute stream, after the work queued so far, with no host
+  // synchronisation: host_dst holds the bytes after the next synchronize(). Checkpoint staging
+  // (train/checkpoint_manager.hpp) queues one per tensor, then synchronises once.
+  virtual void download_async(void* host_dst, const void* src, size_t bytes) { copy_to_host(host_dst, src, bytes); }
 
   virtual void preprocess_images(const PreprocessArgs& a, const uint8_t* x, const int32_t* params, void* y) = 0;
 

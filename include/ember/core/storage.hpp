@@ -1,6 +1,7 @@
 #pragma once
 // A block of device (or host) memory owned through the device's backend allocator.
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "ember/core/backend.hpp"
@@ -12,8 +13,17 @@ class Storage {
   Storage(Device device, size_t bytes) : device_(device), bytes_(bytes) {
     if (bytes_ > 0) ptr_ = backend_for(device_).allocate(bytes_);
   }
+  // Adopts memory allocated elsewhere, freed by `release` instead of the device's allocator
+  // (checkpoint staging: host tensors in pinned memory from Backend::allocate_pinned).
+  Storage(Device device, void* ptr, size_t bytes, std::function<void(void*, size_t)> release)
+      : device_(device), bytes_(bytes), ptr_(ptr), release_(std::move(release)) {}
   ~Storage() {
-    if (ptr_) backend_for(device_).deallocate(ptr_, bytes_);
+    if (!ptr_) return;
+    if (release_) {
+      release_(ptr_, bytes_);
+    } else {
+      backend_for(device_).deallocate(ptr_, bytes_);
+    }
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -26,6 +36,7 @@ class Storage {
   Device device_;
   size_t bytes_ = 0;
   void* ptr_ = nullptr;
+  std::function<void(void*, size_t)> release_;  // empty: the device's allocator
 };
 
 }  // namespace ember

@@ -224,7 +224,12 @@ class CheckpointManager {
   void save_async(int64_t step, const CheckpointTargets& t, const CheckpointExtras& extras = {}) {
     trace::PhaseScope phase(trace::Phase::CheckpointSave);
     wait();
+    pending_devices_.clear();  // (left over only from a snapshot that threw; its copies are stream-ordered)
     auto s = std::make_shared<detail::Snapshot>(snapshot(step, t, extras, /*copy=*/true));
+    // Device tensors were queued as downloads into pinned buffers: one synchronisation per device
+    // makes them all complete before the writer reads them.
+    for (const Device& d : pending_devices_) backend_for(d).synchronize();
+    pending_devices_.clear();
     writer_ = std::thread([this, s] {
       try {
         write(*s);
@@ -513,20 +518,42 @@ class CheckpointManager {
     }
   }
 
-  // A host copy of v in staging buffer `slot` (reallocated when the shape or dtype changed).
+  // A host copy of v in staging buffer `slot` (reallocated when the shape, dtype or source device
+  // changed). A device tensor's buffer is pinned host memory from its backend
+  // (Backend::allocate_pinned) and its copy only queued (download_async): save_async synchronises
+  // each device once after staging everything.
   AnyTensor stage(const AnyTensor& v, size_t slot) {
     if (slot >= staging_.size()) staging_.resize(slot + 1);
-    AnyTensor& buf = staging_[slot];
-    if (!buf.defined() || buf.dtype() != v.dtype() || !(buf.shape() == v.shape()))
-      buf = AnyTensor::empty(v.shape(), v.dtype(), Device::cpu());
+    StagingSlot& st = staging_[slot];
+    AnyTensor& buf = st.host;
+    if (!buf.defined() || buf.dtype() != v.dtype() || !(buf.shape() == v.shape()) || st.source != v.device()) {
+      buf = v.device().is_cpu() ? AnyTensor::empty(v.shape(), v.dtype(), Device::cpu()) : pinned_host_tensor(v);
+      st.source = v.device();
+    }
     if (v.nbytes() > 0) {
       if (v.device().is_cpu()) {
         std::memcpy(buf.data_ptr(), v.data_ptr(), v.nbytes());
       } else {
-        v.backend().copy_to_host(buf.data_ptr(), v.data_ptr(), v.nbytes());
+        v.backend().download_async(buf.data_ptr(), v.data_ptr(), v.nbytes());
+        if (std::find(pending_devices_.begin(), pending_devices_.end(), v.device()) == pending_devices_.end())
+          pending_devices_.push_back(v.device());
       }
     }
     return buf;
+  }
+
+  // An uninitialised CPU tensor shaped as v whose storage is pinned host memory of v's device.
+  static AnyTensor pinned_host_tensor(const AnyTensor& v) {
+    const Device dev = v.device();
+    const size_t bytes = v.nbytes();
+    void* p = bytes > 0 ? v.backend().allocate_pinned(bytes) : nullptr;
+    auto impl = std::make_shared<TensorImpl>();
+    impl->dtype = v.dtype();
+    impl->device = Device::cpu();
+    impl->shape = v.shape();
+    impl->storage = std::make_shared<Storage>(Device::cpu(), p, bytes,
+                                              [dev](void* q, size_t n) { backend_for(dev).free_pinned(q, n); });
+    return AnyTensor(std::move(impl));
   }
 
   void join() {
@@ -545,7 +572,12 @@ class CheckpointManager {
   std::thread writer_;
   std::mutex mu_;
   std::exception_ptr error_;
-  std::vector<AnyTensor> staging_;  // host copies for save_async, reused (touched only between saves)
+  struct StagingSlot {
+    AnyTensor host;                // pageable for a CPU source, pinned for a device source
+    Device source = Device::cpu();
+  };
+  std::vector<StagingSlot> staging_;  // host copies for save_async, reused (touched only between saves)
+  std::vector<Device> pending_devices_;  // devices with queued downloads (calling thread only)
   uint64_t counter_ = 0;  // only the thread that writes (one at a time) touches it
 };
 

@@ -202,6 +202,7 @@ class CpuBackend : public Backend {
   }
   bool upload_finished(uint64_t) override { return true; }
   void wait_upload(uint64_t) override {}
+  void download_async(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
 
   void preprocess_images(const PreprocessArgs& a, const uint8_t* x, const int32_t* params, void* y) override {
     switch (a.out_dtype) {

@@ -165,6 +165,12 @@ class CudaBackend final : public Backend {
     EMBER_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  // No synchronisation: the caller synchronises once after queueing all its downloads.
+  void download_async(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    Guard g(device_);
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return;
     Guard g(device_);

@@ -1,0 +1,347 @@
+// train::CheckpointManager with device tensors: save_async stages CUDA tensors into pinned host
+// memory with queued downloads and one synchronisation (counted on a pretend cuda:0 made of CPU
+// kernels), and exact resume in a new process on cuda:0 (a [gpu] case that skips visibly without
+// a GPU; the same run on the pretend cuda:0 keeps its code exercised in CI). A file of its own so
+// that the GPU check (ctest -L gpu) runs these and not the CPU-only crash tests.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ember/ember.hpp"
+#include "ember/train/checkpoint_manager.hpp"
+#include "gpu_skip.hpp"
+#include "pretend_gpu.hpp"
+
+using namespace ember;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> n{0};
+    path = fs::temp_directory_path() / ("ember-ckgpu-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
+  if (a.dtype() != b.dtype() || !(a.shape() == b.shape())) return false;
+  AnyTensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return ha.nbytes() == 0 || std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The pretend cuda:0, counting the calls that tell which staging path a save took.
+struct CountingBackend : testing::PretendCudaBackend {
+  std::atomic<int> syncs{0}, downloads{0}, copies_to_host{0}, pinned_allocs{0}, pinned_frees{0};
+  void synchronize() override { ++syncs; }
+  void download_async(void* dst, const void* src, size_t bytes) override {
+    ++downloads;
+    PretendCudaBackend::download_async(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    ++copies_to_host;
+    PretendCudaBackend::copy_to_host(dst, src, bytes);
+  }
+  void* allocate_pinned(size_t bytes) override {
+    ++pinned_allocs;
+    return PretendCudaBackend::allocate_pinned(bytes);
+  }
+  void free_pinned(void* p, size_t bytes) noexcept override {
+    ++pinned_frees;
+    PretendCudaBackend::free_pinned(p, bytes);
+  }
+};
+
+CountingBackend& counting_backend() {
+  static CountingBackend b;
+  return b;
+}
+
+// Installs the counting pretend cuda:0 for a scope (only where there is no real GPU).
+struct CountingGpu {
+  Backend* (*saved_factory)(int) = nullptr;
+  int saved_count = 0;
+  bool active = false;
+  CountingGpu() {
+    if (cuda::is_available()) return;
+    saved_factory = detail::cuda_backend_factory();
+    saved_count = detail::cuda_device_count_slot();
+    register_cuda_backend([](int) -> Backend* { return &counting_backend(); }, 1);
+    active = true;
+  }
+  ~CountingGpu() {
+    if (active) register_cuda_backend(saved_factory, saved_count);
+  }
+};
+
+// Runs this executable on one (hidden) test case with extra environment variables.
+int run_child(const std::string& test_name, const std::vector<std::string>& vars, const std::string& log,
+              std::string* out) {
+  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& v : vars) ::putenv(const_cast<char*>(v.c_str()));
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    if (f) ::dup2(::fileno(stdout), 2);
+    ::execl(exe.c_str(), exe.c_str(), test_name.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream f(log);
+  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// ------------------------------------------------------------------ the training run to resume
+// As in test_checkpoint_manager.cpp's CPU run, on device d, saved with save_async (the pinned path).
+struct Mlp : nn::ModuleBase<Mlp> {
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<nn::Dropout> drop;
+  Mlp() {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(6, 16));
+    drop = register_module("drop", std::make_shared<nn::Dropout>(0.25));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 3));
+  }
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    return (*fc2)(relu((*drop)((*fc1)(x))));
+  }
+};
+
+constexpr int64_t kSamples = 36, kMicro = 3, kAccum = 2, kTotalSteps = 14;
+
+void training_run(Device d, const fs::path& dir, int64_t last, int64_t save_after, bool resume,
+                  const fs::path& results) {
+  manual_seed(1234);
+  Mlp model;
+  model.to(d);
+  optim::AdamW opt(model.parameters(), {.lr = 3e-2, .weight_decay = 0.1});
+  optim::WarmupCosineLR sched(opt, {.warmup_steps = 3, .total_steps = kTotalSteps, .min_lr = 1e-3});
+  amp::GradScaler scaler({.init_scale = 1024.0, .growth_interval = 3});
+  train::GradientAccumulator acc(kAccum);
+  data::DistributedSampler sampler(kSamples, 1, 0, {.shuffle = true, .seed = 77});
+  train::CheckpointManager ckpt(dir, {.keep_last = 2});
+  train::CheckpointTargets targets{.model = &model, .optimizer = &opt, .scheduler = &sched, .scaler = &scaler};
+
+  std::vector<float> X(kSamples * 6), Y(kSamples * 3);
+  for (int64_t i = 0; i < kSamples * 6; ++i) X[i] = static_cast<float>(std::sin(0.37 * i));
+  for (int64_t i = 0; i < kSamples * 3; ++i) Y[i] = static_cast<float>(std::cos(0.11 * i));
+
+  int64_t step = 0, pos = 0;
+  if (resume) {
+    auto r = ckpt.load_latest(targets);
+    REQUIRE(r.has_value());
+    step = r->step;
+    pos = train::sampler_position_from(r->data, &sampler).index;
+  }
+  std::vector<int64_t> order = sampler.indices();
+  std::vector<float> losses;
+  model.train();
+  for (; step < last; ++step) {
+    for (int m = 0; m < kAccum; ++m) {
+      if (pos + kMicro > static_cast<int64_t>(order.size())) {
+        sampler.set_epoch(sampler.epoch() + 1);
+        order = sampler.indices();
+        pos = 0;
+      }
+      std::vector<float> xb, yb;
+      for (int64_t k = 0; k < kMicro; ++k) {
+        const int64_t s = order[static_cast<size_t>(pos + k)];
+        xb.insert(xb.end(), X.begin() + s * 6, X.begin() + s * 6 + 6);
+        yb.insert(yb.end(), Y.begin() + s * 3, Y.begin() + s * 3 + 3);
+      }
+      pos += kMicro;
+      auto x = Tensor<float>::from_vector(xb, {kMicro, 6}).to(d).to<half>();
+      auto y = Tensor<float>::from_vector(yb, {kMicro, 3}).to(d);
+      auto loss = acc.scale_loss(nn::functional::mse_loss(model(x), y));
+      losses.push_back(loss.item());
+      scaler.scale(loss).backward();
+      if (acc.sync_step()) {
+        scaler.step(opt);
+        scaler.update();
+        opt.zero_grad();
+        sched.step();
+      }
+    }
+    if (step + 1 == save_after) {
+      ckpt.save_async(step + 1, targets, {.epoch = static_cast<int64_t>(sampler.epoch()),
+                                          .data = train::sampler_position(sampler, pos)});
+    }
+  }
+  ckpt.wait();
+  io::TensorList out;
+  out.emplace_back("losses", Tensor<float>::from_vector(losses, {static_cast<int64_t>(losses.size())}));
+  for (auto& [k, v] : model.state_dict()) out.emplace_back("model." + k, v);
+  for (auto& [i, st] : opt.state_dict().state)
+    for (auto& [k, v] : st) out.emplace_back("opt." + std::to_string(i) + "." + k, v);
+  out.emplace_back("scale", Tensor<double>::scalar(scaler.get_scale()));
+  out.emplace_back("lr", Tensor<double>::scalar(opt.param_groups()[0].lr()));
+  out.emplace_back("gen", Tensor<int64_t>::from_vector({static_cast<int64_t>(default_generator().offset())}, {1}));
+  io::save_file(results, out);
+}
+
+// N steps straight, then k steps + save_async, then a new process that resumes for N - k steps:
+// every loss, parameter and optimizer state tensor bitwise equal.
+void check_exact_resume(bool pretend) {
+  TempDir dir;
+  const std::string d = (dir.path / "ck").string();
+  const std::string log = (dir.path / "log.txt").string();
+  std::string out;
+  auto run = [&](int64_t last, int64_t save, bool resume, const std::string& results) {
+    int rc = run_child("child: device training run",
+                       {"EMBER_CKPT_DIR=" + d, "EMBER_CKPT_LAST=" + std::to_string(last),
+                        "EMBER_CKPT_SAVE=" + std::to_string(save),
+                        std::string("EMBER_CKPT_RESUME=") + (resume ? "1" : "0"),
+                        std::string("EMBER_CKPT_PRETEND=") + (pretend ? "1" : "0"),
+                        "EMBER_CKPT_RESULTS=" + (dir.path / results).string()},
+                       log, &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    REQUIRE(out.find("All tests passed") != std::string::npos);
+  };
+  const int64_t k = 8;  // mid-epoch
+  run(kTotalSteps, -1, false, "straight.safetensors");
+  fs::remove_all(d);
+  run(k, k, false, "first.safetensors");
+  run(kTotalSteps, -1, true, "resumed.safetensors");
+  io::TensorList straight = io::load_file(dir.path / "straight.safetensors");
+  io::TensorList first = io::load_file(dir.path / "first.safetensors");
+  io::TensorList resumed = io::load_file(dir.path / "resumed.safetensors");
+  REQUIRE(straight.size() == resumed.size());
+  std::vector<float> ls = Tensor<float>(straight[0].second).to_vector();
+  std::vector<float> l1 = Tensor<float>(first[0].second).to_vector();
+  std::vector<float> l2 = Tensor<float>(resumed[0].second).to_vector();
+  REQUIRE(ls.size() == static_cast<size_t>(kTotalSteps * kAccum));
+  REQUIRE(l1.size() + l2.size() == ls.size());
+  l1.insert(l1.end(), l2.begin(), l2.end());
+  CHECK(std::memcmp(l1.data(), ls.data(), ls.size() * sizeof(float)) == 0);
+  for (size_t i = 1; i < straight.size(); ++i) {
+    INFO(straight[i].first);
+    CHECK(straight[i].first == resumed[i].first);
+    CHECK(same_bytes(straight[i].second, resumed[i].second));
+  }
+  CHECK(Tensor<double>(io::SafetensorsFile(dir.path / "straight.safetensors").get("scale")).item() != 1024.0);
+}
+
+}  // namespace
+
+TEST_CASE("child: device training run", "[.]") {
+  if (env("EMBER_CKPT_DIR").empty()) return;
+  std::optional<testing::PretendGpu> pretend;
+  if (env("EMBER_CKPT_PRETEND") == "1") pretend.emplace();
+  REQUIRE(cuda::is_available());
+  training_run(Device::cuda(0), env("EMBER_CKPT_DIR"), std::stoll(env("EMBER_CKPT_LAST")),
+               std::stoll(env("EMBER_CKPT_SAVE")), env("EMBER_CKPT_RESUME") == "1", env("EMBER_CKPT_RESULTS"));
+}
+
+TEST_CASE("CheckpointManager: save_async of device tensors stages into reused pinned memory with one sync",
+          "[checkpoint][device]") {
+  CountingGpu gpu;  // the pretend cuda:0 (on a real GPU the counts are not checked)
+  CountingBackend& b = counting_backend();
+  TempDir dir;
+  manual_seed(5);
+  Mlp model;
+  model.to(Device::cuda(0));
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2});
+  for (auto& p : model.parameters()) p.set_grad(AnyTensor::full(p.shape(), 0.5, p.dtype(), p.device()));
+  opt.step();  // exp_avg / exp_avg_sq on the device
+  train::CheckpointTargets t{.model = &model, .optimizer = &opt};
+
+  auto host_state = [&] {
+    io::TensorList s;
+    for (auto& [k, v] : model.state_dict()) s.emplace_back("model." + k, v.to(Device::cpu()));
+    for (auto& [i, st] : opt.state_dict().state)
+      for (auto& [k, v] : st) s.emplace_back("opt." + std::to_string(i) + "." + k, v.to(Device::cpu()));
+    return s;
+  };
+  int64_t device_tensors = 0;
+  for (auto& [k, v] : model.state_dict()) device_tensors += v.device().is_cpu() ? 0 : 1;
+  for (auto& [i, st] : opt.state_dict().state)
+    for (auto& [k, v] : st) device_tensors += v.device().is_cpu() ? 0 : 1;
+  REQUIRE(device_tensors >= 8);  // 4 parameters, 2 moments each
+
+  auto check_saved = [&](int64_t step, const io::TensorList& want) {
+    train::CheckpointManager reader(dir.path);
+    Mlp back;
+    optim::AdamW back_opt(back.parameters(), {.lr = 1e-2});
+    reader.load(step, {.model = &back, .optimizer = &back_opt});
+    io::TensorList got;
+    for (auto& [k, v] : back.state_dict()) got.emplace_back("model." + k, v);
+    for (auto& [i, st] : back_opt.state_dict().state)
+      for (auto& [k, v] : st) got.emplace_back("opt." + std::to_string(i) + "." + k, v);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO(want[i].first);
+      CHECK(got[i].first == want[i].first);
+      CHECK(same_bytes(got[i].second, want[i].second));
+    }
+  };
+
+  {
+    train::CheckpointManager ckpt(dir.path);
+    const io::TensorList want1 = host_state();
+    const int syncs0 = b.syncs, downloads0 = b.downloads, copies0 = b.copies_to_host, pinned0 = b.pinned_allocs;
+    ckpt.save_async(1, t);
+    if (gpu.active) {
+      CHECK(b.syncs - syncs0 == 1);                    // one device synchronisation per save_async
+      CHECK(b.downloads - downloads0 == device_tensors);  // every device tensor queued, none copied synchronously
+      CHECK(b.copies_to_host - copies0 == 0);
+      CHECK(b.pinned_allocs - pinned0 == device_tensors);  // staged in pinned memory
+    }
+    // Training goes on: the checkpoint keeps the values at save_async.
+    for (auto& p : model.parameters()) p.set_grad(AnyTensor::full(p.shape(), -2.0, p.dtype(), p.device()));
+    opt.step();
+    const io::TensorList want2 = host_state();
+    const int syncs1 = b.syncs, downloads1 = b.downloads, pinned1 = b.pinned_allocs, copies1 = b.copies_to_host;
+    ckpt.save_async(2, t);  // waits for the first, reuses its pinned buffers
+    ckpt.wait();
+    if (gpu.active) {
+      CHECK(b.syncs - syncs1 == 1);
+      CHECK(b.downloads - downloads1 == device_tensors);
+      CHECK(b.pinned_allocs - pinned1 == 0);
+      CHECK(b.copies_to_host - copies1 == 0);  // nor did the writer threads
+    }
+    check_saved(1, want1);
+    check_saved(2, want2);
+    CHECK_FALSE(same_bytes(want1[0].second, want2[0].second));
+  }
+  if (gpu.active) CHECK(b.pinned_frees == b.pinned_allocs);  // the manager freed its pinned buffers
+}
+
+TEST_CASE("CheckpointManager: exact resume in a new process on the pretend cuda:0 (save_async, pinned staging)",
+          "[checkpoint][resume][device]") {
+  if (cuda::is_available()) return;  // a real GPU runs the [gpu] case below instead
+  check_exact_resume(/*pretend=*/true);
+}
+
+TEST_CASE("CheckpointManager: exact resume in a new process on cuda:0 (dropout, AdamW, warmup-cosine, fp16 "
+          "GradScaler, accumulation, shuffled sampler)",
+          "[checkpoint][resume][gpu]") {
+  EMBER_REQUIRE_GPU();
+  check_exact_resume(/*pretend=*/false);
+}
