@@ -86,7 +86,7 @@ TEST_CASE("tfrecord: framing round trip and corruption detected", "[log][tfrecor
   }
 }
 
-TEST_CASE("event encoding: scalars and text decode back; malformed protobuf is a FormatError", "[log][tfrecord]") {
+TEST_CASE("event encoding: scalars and text decode back, malformed protobuf is a FormatError", "[log][tfrecord]") {
   std::string e = logging::summary_event(1234.5, 42, {logging::scalar_value("loss", 0.25f),
                                                        logging::text_value("note", "hi \xc3\xa9")});
   auto d = logging::decode_event(e);

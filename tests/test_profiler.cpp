@@ -229,7 +229,7 @@ TEST_CASE("profiler: phases of a training step add up to the step", "[profile]")
   if (avg.data_wait_ms / avg.step_ms > 0.10) CHECK_THAT(rep, Contains("data-bound"));
 }
 
-TEST_CASE("profiler: nested phases are exclusive; collectives total and exposed", "[profile]") {
+TEST_CASE("profiler: nested phases are exclusive, collectives total and exposed", "[profile]") {
   profile::Profiler p;
   p.start();
   {
@@ -412,7 +412,7 @@ TEST_CASE("profiler: a range open on another thread at stop() is closed as unfin
   CHECK(flagged);
 }
 
-TEST_CASE("profiler: a second session starts clean; scopes straddling start are dropped", "[profile]") {
+TEST_CASE("profiler: a second session starts clean, scopes straddling start are dropped", "[profile]") {
   profile::Profiler p;
   p.start();
   (void)relu(Tensor<float>::ones({2}));
