@@ -13,6 +13,9 @@
 // makes the others raise DistributedError after --timeout-s seconds: they print it and exit 1
 // (--fail-rank R makes rank R stop at its third step, to see this happen).
 //
+// --save PATH: rank 0 writes the trained weights (safetensors; under MPI too, the other ranks do
+// not write); --load PATH starts every rank from such a file (--epochs 0: only evaluates it).
+//
 // --device cpu (the default) | cuda | cuda:N | auto. On GPUs the gradients travel over NCCL, one
 // process per GPU: `mpirun -np 2 ddp_train --device cuda` gives rank r the GPU r % (GPUs on its
 // host) (cuda:N pins every rank to N). NCCL's one-process-many-GPUs mode needs one thread to issue
@@ -144,6 +147,13 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
                               {"samples_per_second", examples::num(progress.samples_per_second(), 6)}});
 }
 
+// The digits CNN, with the weights of --load PATH (a --save file) when given.
+std::shared_ptr<nn::Sequential> make_model(const examples::Args& args) {
+  auto model = examples::make_digits_cnn();
+  if (!args.str("load").empty()) model->load(args.str("load"));
+  return model;
+}
+
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
     if (std::getenv(v) != nullptr) return true;
@@ -156,7 +166,7 @@ int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
                       {{"device", "cpu"}, {"ranks", "2"}, {"epochs", "10"}, {"batch-size", "16"}, {"lr", "0.002"}, {"seed", "0"},
                        {"zero", "0"}, {"timeout-s", "300"},
-                       {"fail-rank", "-1"}});
+                       {"fail-rank", "-1"}, {"load", ""}});
   examples::Digits all = examples::load_digits(), train, test;
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   examples::split_digits(all, 0.2, seed, train, test);
@@ -183,14 +193,18 @@ int main(int argc, char** argv) try {
       dist::NcclOptions nccl_options;
       nccl_options.timeout = options.timeout;
       auto nccl = dist::NcclProcessGroup::create(*pg, index, nccl_options);
-      std::string line = train_rank(*nccl, examples::make_digits_cnn(), s, "nccl");
+      auto model = make_model(args);
+      std::string line = train_rank(*nccl, model, s, "nccl");
+      if (pg->rank() == 0) args.save_model(*model);  // --save: rank 0 writes
       if (!line.empty()) std::printf("%s\n", line.c_str());
       return 0;
 #else
       throw DeviceError("--device " + device_arg + " needs NCCL (a build with the CUDA backend)");
 #endif
     }
-    std::string line = train_rank(*pg, examples::make_digits_cnn(), s, "mpi");
+    auto model = make_model(args);
+    std::string line = train_rank(*pg, model, s, "mpi");
+    if (pg->rank() == 0) args.save_model(*model);  // --save: rank 0 writes (the replicas are equal)
     if (!line.empty()) std::printf("%s\n", line.c_str());
     return 0;
   }
@@ -210,7 +224,7 @@ int main(int argc, char** argv) try {
   // DataParallel constructor then broadcasts rank 0's weights anyway.
   std::vector<std::shared_ptr<nn::Sequential>> models;
   manual_seed(seed);
-  for (int r = 0; r < ranks; ++r) models.push_back(examples::make_digits_cnn());
+  for (int r = 0; r < ranks; ++r) models.push_back(make_model(args));
   std::vector<std::string> lines(static_cast<size_t>(ranks)), errors(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)

@@ -5,6 +5,10 @@
 //
 //   fashion_mnist [--device auto|cpu|cuda:N] [--epochs 3] [--batch-size 64] [--lr 0.003]
 //                 [--workers 2] [--train-subset 0] [--test-subset 0] [--augment 1] [--width 16] [--seed 0]
+//                 [--save PATH] [--load PATH]
+//
+// --save writes the trained weights (safetensors); --load starts from such a file (--epochs 0:
+// only evaluates it).
 //
 // Model: conv3x3(c) BN ReLU maxpool -> conv3x3(2c) BN ReLU maxpool -> linear(49*2c -> 10);
 // Adam with a one-cycle learning rate per step, cross-entropy. Prints progress, then one JSON line
@@ -61,7 +65,8 @@ class Prefix : public data::Dataset {
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
                       {{"device", "auto"}, {"epochs", "3"}, {"batch-size", "64"}, {"lr", "0.003"}, {"workers", "2"},
-                       {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"seed", "0"}});
+                       {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"seed", "0"},
+                       {"load", ""}});
   const Device dev = args.device();
   const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -90,6 +95,7 @@ int main(int argc, char** argv) try {
 
   manual_seed(seed);
   auto model = make_model(args.integer("width"));
+  if (!args.str("load").empty()) model->load(args.str("load"));
   model->to(dev);
   optim::Adam opt(model->parameters(), {.lr = args.real("lr")});
   optim::OneCycleLR schedule(opt, {.max_lr = args.real("lr"), .total_steps = std::max<int64_t>(1, epochs * train_loader.num_batches()),
@@ -116,6 +122,7 @@ int main(int argc, char** argv) try {
   }
   progress.finish();
   const double seconds = progress.seconds();
+  args.save_model(*model);
 
   int64_t correct = 0, seen = 0;
   {
