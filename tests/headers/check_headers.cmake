@@ -10,6 +10,15 @@ execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${TA
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "building ${TARGET} failed: a public header does not compile on its own\n${_out}")
 endif()
+# The second compiler's check (clang++ with libc++), when it is configured.
+if(CLANG_TARGET)
+  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${CLANG_TARGET}" ${_config_args}
+                  RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "building ${CLANG_TARGET} failed: a public header does not compile on its own with clang++\n${_out}")
+  endif()
+  message("the public headers also compile on their own with clang++ and libc++")
+endif()
 execute_process(COMMAND "${EXE}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
 message("${_out}")
 if(NOT _rc EQUAL 0)
