@@ -3,7 +3,7 @@
 // EMBER_FASHION_MNIST_DIR) through data::DataLoader with worker threads and augmentation (random
 // flip by default; --augment 2 adds a random crop with 2 pixels of padding), on the GPU when there is one.
 //
-//   fashion_mnist [--device auto|cpu|cuda:N] [--epochs 3] [--batch-size 64] [--lr 0.003]
+//   fashion_mnist [--device auto|cpu|cuda:N] [--epochs 5] [--batch-size 64] [--lr 0.003]
 //                 [--workers 2] [--train-subset 0] [--test-subset 0] [--augment 1] [--width 16] [--seed 0]
 //                 [--save PATH] [--load PATH]
 //
@@ -64,7 +64,7 @@ class Prefix : public data::Dataset {
 
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
-                      {{"device", "auto"}, {"epochs", "3"}, {"batch-size", "64"}, {"lr", "0.003"}, {"workers", "2"},
+                      {{"device", "auto"}, {"epochs", "5"}, {"batch-size", "64"}, {"lr", "0.003"}, {"workers", "2"},
                        {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"seed", "0"},
                        {"load", ""}});
   const Device dev = args.device();
