@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ember/core/error.hpp"
+#include "ember/io/atomic_file.hpp"
 #include "ember/log/event_file.hpp"
 #include "ember/log/file_write.hpp"
 #include "ember/log/json_text.hpp"
@@ -208,7 +209,7 @@ class MetricsLogger {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       check_open();
-      write_file_atomic(dir_ / "hparams.json", json);
+      io::write_file_atomic(dir_ / "hparams.json", json);
     }
     log_text(0, "hparams", table);
   }

@@ -50,7 +50,7 @@
 
 #include "ember/core/backend.hpp"
 #include "ember/core/trace.hpp"
-#include "ember/log/file_write.hpp"
+#include "ember/io/atomic_file.hpp"
 #include "ember/log/json_text.hpp"
 #include "ember/profile/verdict.hpp"
 
@@ -1217,8 +1217,8 @@ class Profiler {
     out += "\n]}\n";
     return out;
   }
-  // Written atomically (logging::write_file_atomic): a reader never sees half a trace.
-  void write_chrome_trace(const std::string& path) const { logging::write_file_atomic(path, chrome_trace_json()); }
+  // Written atomically (io::write_file_atomic): a reader never sees half a trace.
+  void write_chrome_trace(const std::string& path) const { io::write_file_atomic(path, chrome_trace_json()); }
 
   // The session's time origin on trace::now_ns()'s clock.
   int64_t origin_ns() const { return origin_ns_; }
