@@ -372,6 +372,37 @@ TEST_CASE("CheckpointManager: save_async writes in the background, errors surfac
   CHECK(ckpt.latest() == std::optional<int64_t>(2));
 }
 
+TEST_CASE("CheckpointManager: save_async copies host tensors with several threads, bitwise", "[checkpoint]") {
+  TempDir dir;
+  struct Wide : nn::Module {
+    std::shared_ptr<nn::Linear> a, b;
+    Wide() {
+      a = register_module("a", std::make_shared<nn::Linear>(1500, 1500));  // 9 MB: split over threads
+      b = register_module("b", std::make_shared<nn::Linear>(7, 3));
+    }
+  } model;
+  for (int threads : {1, 3}) {
+    INFO("copy_threads " << threads);
+    train::CheckpointManager ckpt(dir.path / std::to_string(threads), {.copy_threads = threads});
+    const std::vector<float> want = Tensor<float>(model.a->weight).to_vector();
+    const std::vector<float> want_b = Tensor<float>(model.b->bias).to_vector();
+    ckpt.save_async(1, {.model = &model});
+    fill(model, 0.25);  // after save_async: not in the checkpoint
+    ckpt.wait();
+    Wide back;
+    ckpt.load(1, {.model = &back});
+    CHECK(Tensor<float>(back.a->weight).to_vector() == want);
+    CHECK(Tensor<float>(back.b->bias).to_vector() == want_b);
+    CHECK(want[0] != 0.25f);
+    NoGradGuard ng;
+    manual_seed(threads);
+    model.a->weight.copy_(AnyTensor(Tensor<float>::randn({1500, 1500})));
+    model.b->bias.copy_(AnyTensor::full({3}, -1.5, DType::Float32));
+  }
+  CHECK_THROWS_WITH(train::CheckpointManager(dir.path / "x", {.copy_threads = -1}),
+                    Catch::Contains("copy_threads must be >= 0, got -1"));
+}
+
 TEST_CASE("CheckpointManager: exact resume in a new process (dropout, AdamW, warmup-cosine, fp16 GradScaler, "
           "accumulation, shuffled sampler)",
           "[checkpoint][resume]") {

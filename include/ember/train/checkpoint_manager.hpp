@@ -42,6 +42,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -72,6 +73,9 @@ struct CheckpointOptions {
   // (pid check on this machine). Set false on every process but the writer when several processes
   // on several machines share the folder (data parallel: rank 0 writes, all ranks load).
   bool clean_stale = true;
+  // Threads that copy host tensors into save_async's staging buffers (the caller's thread and
+  // copy_threads - 1 helpers, joined before save_async returns); 0: min(4, hardware threads).
+  int copy_threads = 0;
 };
 
 // What a checkpoint saves and a load restores; a null pointer is left out.
@@ -188,6 +192,8 @@ class CheckpointManager {
  public:
   explicit CheckpointManager(std::filesystem::path dir, CheckpointOptions options = {})
       : dir_(std::move(dir)), options_(std::move(options)) {
+    EMBER_CHECK(options_.copy_threads >= 0, ValueError, "CheckpointManager: copy_threads must be >= 0, got ",
+                options_.copy_threads);
     EMBER_CHECK(options_.keep_last >= 0 && options_.keep_every >= 0, ValueError,
                 "CheckpointManager: keep_last and keep_every must be >= 0, got ", options_.keep_last, " and ",
                 options_.keep_every);
@@ -225,11 +231,13 @@ class CheckpointManager {
     trace::PhaseScope phase(trace::Phase::CheckpointSave);
     wait();
     pending_devices_.clear();  // (left over only from a snapshot that threw; its copies are stream-ordered)
+    host_copies_.clear();
     auto s = std::make_shared<detail::Snapshot>(snapshot(step, t, extras, /*copy=*/true));
     // Device tensors were queued as downloads into pinned buffers: one synchronisation per device
     // makes them all complete before the writer reads them.
     for (const Device& d : pending_devices_) backend_for(d).synchronize();
     pending_devices_.clear();
+    run_host_copies();
     writer_ = std::thread([this, s] {
       try {
         write(*s);
@@ -532,7 +540,7 @@ class CheckpointManager {
     }
     if (v.nbytes() > 0) {
       if (v.device().is_cpu()) {
-        std::memcpy(buf.data_ptr(), v.data_ptr(), v.nbytes());
+        host_copies_.push_back({buf.data_ptr(), v.data_ptr(), v.nbytes()});  // done by run_host_copies
       } else {
         v.backend().download_async(buf.data_ptr(), v.data_ptr(), v.nbytes());
         if (std::find(pending_devices_.begin(), pending_devices_.end(), v.device()) == pending_devices_.end())
@@ -540,6 +548,54 @@ class CheckpointManager {
       }
     }
     return buf;
+  }
+
+  // The host-to-host staging copies of one save_async, cut into equal byte ranges over
+  // copy_threads threads (this one included): one memcpy is bound by one core's bandwidth.
+  void run_host_copies() {
+    struct Copy {
+      char* dst;
+      const char* src;
+      size_t bytes;
+    };
+    std::vector<Copy> jobs;
+    size_t total = 0;
+    for (const HostCopy& c : host_copies_) total += c.bytes;
+    int n = options_.copy_threads > 0 ? options_.copy_threads
+                                      : static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
+    constexpr size_t kMinPerThread = size_t(4) << 20;  // below this a thread costs more than it saves
+    n = static_cast<int>(std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(n), total / kMinPerThread)));
+    const size_t share = (total + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
+    std::vector<std::vector<Copy>> parts(static_cast<size_t>(n));
+    size_t part = 0, filled = 0;
+    for (const HostCopy& c : host_copies_) {
+      size_t done = 0;
+      while (done < c.bytes) {
+        const bool last = part + 1 == parts.size();  // the last part takes whatever is left
+        const size_t take = last ? c.bytes - done : std::min(c.bytes - done, share - filled);
+        parts[part].push_back({static_cast<char*>(c.dst) + done, static_cast<const char*>(c.src) + done, take});
+        done += take;
+        filled += take;
+        if (filled == share && part + 1 < parts.size()) {
+          ++part;
+          filled = 0;
+        }
+      }
+    }
+    host_copies_.clear();
+    auto run = [](const std::vector<Copy>& cs) {
+      for (const Copy& c : cs) std::memcpy(c.dst, c.src, c.bytes);
+    };
+    std::vector<std::thread> helpers;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      try {
+        helpers.emplace_back(run, std::cref(parts[i]));
+      } catch (const std::system_error&) {
+        run(parts[i]);  // no thread to be had: copy it here
+      }
+    }
+    run(parts[0]);
+    for (auto& h : helpers) h.join();
   }
 
   // An uninitialised CPU tensor shaped as v whose storage is pinned host memory of v's device.
@@ -578,6 +634,12 @@ class CheckpointManager {
   };
   std::vector<StagingSlot> staging_;  // host copies for save_async, reused (touched only between saves)
   std::vector<Device> pending_devices_;  // devices with queued downloads (calling thread only)
+  struct HostCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<HostCopy> host_copies_;  // staging copies of host tensors queued by stage() (calling thread only)
   uint64_t counter_ = 0;  // only the thread that writes (one at a time) touches it
 };
 
