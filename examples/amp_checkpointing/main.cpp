@@ -6,6 +6,7 @@
 //   amp_checkpointing [--device auto|cpu|cuda:N] [--precision fp32|fp16|bf16] [--accumulate 2]
 //                     [--checkpoint 4] [--width 256] [--depth 4] [--epochs 15] [--batch-size 32]
 //                     [--lr 0.003] [--seed 0] [--find-batch-size 0] [--memory-limit-mb 64]
+//                     [--profile trace.json] [--log-dir runs/amp]   (examples/common/observe.hpp)
 //
 // --checkpoint N runs the hidden stack with checkpoint_sequential in N segments (0: off).
 // --find-batch-size 1 first searches the largest batch whose training step fits under
@@ -19,6 +20,7 @@
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"
+#include "../common/observe.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
@@ -71,9 +73,11 @@ Tensor<float> forward(Net& net, const Tensor<float>& x, int segments, const std:
 
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
-                      {{"device", "auto"}, {"precision", "fp16"}, {"accumulate", "2"}, {"checkpoint", "4"},
-                       {"width", "256"}, {"depth", "4"}, {"epochs", "15"}, {"batch-size", "32"}, {"lr", "0.003"},
-                       {"seed", "0"}, {"find-batch-size", "0"}, {"memory-limit-mb", "64"}});
+                      examples::with_observe_flags({{"device", "auto"}, {"precision", "fp16"}, {"accumulate", "2"},
+                                                    {"checkpoint", "4"}, {"width", "256"}, {"depth", "4"},
+                                                    {"epochs", "15"}, {"batch-size", "32"}, {"lr", "0.003"},
+                                                    {"seed", "0"}, {"find-batch-size", "0"},
+                                                    {"memory-limit-mb", "64"}}));
   const Device dev = args.device();
   const std::string precision = args.str("precision");
   if (precision != "fp32" && precision != "fp16" && precision != "bf16")
@@ -137,9 +141,15 @@ int main(int argc, char** argv) try {
 
   reset_peak_memory(dev);
   const int64_t base_bytes = memory_stats(dev).current_bytes;
+  // Created after the batch-size finder, so that the profile and the log hold training steps only.
+  examples::Observe observe(args, {{"example", std::string("amp_checkpointing")}, {"device", dev.str()},
+                                   {"precision", precision}, {"accumulate", static_cast<double>(accumulate)},
+                                   {"checkpoint_segments", static_cast<double>(segments)},
+                                   {"epochs", static_cast<double>(epochs)}, {"batch_size", static_cast<double>(batch)},
+                                   {"lr", args.real("lr")}, {"seed", static_cast<double>(seed)}});
   examples::Progress progress;
   double last_loss = 0;
-  int64_t step = 0, skipped = 0;
+  int64_t step = 0, skipped = 0, step_samples = 0;
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     // A fresh permutation of the training set each epoch, from (seed, epoch).
     data::DistributedSampler sampler(train.n, 1, 0, {.seed = seed});
@@ -149,6 +159,7 @@ int main(int argc, char** argv) try {
     for (int64_t b0 = 0; b0 < train.n; b0 += batch) {
       auto idx = perm.slice(b0, std::min(train.n, b0 + batch));
       auto loss = train_step(idx, scaler);
+      step_samples += idx.numel();
       if (acc.sync_step()) {
         scaler.unscale_(opt);
         optim::clip_grad_norm_(net.parameters(), 1.0);
@@ -156,6 +167,9 @@ int main(int argc, char** argv) try {
         scaler.update();
         opt.zero_grad();
         ++step;
+        // One profiler step per optimizer step (all its micro-batches).
+        observe.step(step, loss.item(), step_samples, opt.param_groups()[0].lr());
+        step_samples = 0;
       }
       last_loss = loss.item();
       progress.step(epoch, epochs, step, last_loss, idx.numel());
@@ -163,6 +177,7 @@ int main(int argc, char** argv) try {
     progress.epoch(epoch, epochs, "loss " + examples::num(last_loss, 4), 4);
   }
   progress.finish();
+  observe.finish(step);
   const double seconds = progress.seconds();
   const int64_t peak = memory_stats(dev).peak_bytes - base_bytes;
 

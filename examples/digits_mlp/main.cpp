@@ -2,7 +2,8 @@
 // shipped by Debian's python3-sklearn), on the GPU when there is one, else on the CPU.
 //
 //   digits_mlp [--device auto|cpu|cuda:N] [--epochs 30] [--batch-size 64] [--lr 0.05] [--seed 0]
-//              [--save weights.safetensors]
+//              [--save weights.safetensors] [--profile trace.json] [--log-dir runs/digits_mlp]
+//              (the last two: examples/common/observe.hpp, docs/profiling.md)
 //
 // Written with ember's tensors and autograd alone (parameters, forward, loss, an SGD-with-momentum
 // update), to show the core API. It prints a progress line and, last, one JSON line of metrics.
@@ -17,6 +18,7 @@
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"
+#include "../common/observe.hpp"
 
 using namespace ember;
 
@@ -44,8 +46,8 @@ Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<int64_t>& 
 
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
-                      {{"device", "auto"}, {"epochs", "30"}, {"batch-size", "64"}, {"lr", "0.05"}, {"seed", "0"},
-                       {"hidden", "128"}});
+                      examples::with_observe_flags({{"device", "auto"}, {"epochs", "30"}, {"batch-size", "64"},
+                                                    {"lr", "0.05"}, {"seed", "0"}, {"hidden", "128"}}));
   const Device dev = args.device();
   const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size"), hidden = args.integer("hidden");
   const double lr = args.real("lr"), momentum = 0.9;
@@ -66,6 +68,10 @@ int main(int argc, char** argv) try {
   std::vector<Tensor<float>> velocity;
   for (auto& p : params) velocity.push_back(Tensor<float>::zeros(p.shape(), dev));
 
+  examples::Observe observe(args, {{"example", std::string("digits_mlp")}, {"device", dev.str()},
+                                   {"epochs", static_cast<double>(epochs)}, {"batch_size", static_cast<double>(batch)},
+                                   {"hidden", static_cast<double>(hidden)}, {"lr", lr}, {"momentum", momentum},
+                                   {"seed", static_cast<double>(seed)}});
   auto start = std::chrono::steady_clock::now();
   double last_loss = 0;
   int64_t step = 0, seen = 0;
@@ -80,12 +86,22 @@ int main(int argc, char** argv) try {
     int64_t batches = 0;
     for (int64_t b0 = 0; b0 < train.n; b0 += batch) {
       auto idx = perm.slice(b0, std::min(train.n, b0 + batch));
-      auto xb = index_select(x_train, 0, idx);
-      auto yb = index_select(y_train, 0, idx);
-      auto loss = cross_entropy(fc2(relu(fc1(xb))), yb);
+      Tensor<float> xb;
+      Tensor<int64_t> yb;
+      {
+        trace::PhaseScope data(trace::Phase::DataWait);  // the batch's gather is this example's data loading
+        xb = index_select(x_train, 0, idx);
+        yb = index_select(y_train, 0, idx);
+      }
+      Tensor<float> loss;
+      {
+        trace::PhaseScope forward(trace::Phase::Forward);  // no nn::Module here to mark it
+        loss = cross_entropy(fc2(relu(fc1(xb))), yb);
+      }
       for (auto& p : params) p.zero_grad();
       loss.backward();
       {
+        trace::PhaseScope update(trace::Phase::Optimizer);  // a hand-written update, marked by hand
         NoGradGuard no_grad;  // SGD with momentum, as torch.optim.SGD: v = mu v + g; p -= lr v
         for (size_t i = 0; i < params.size(); ++i) {
           velocity[i].copy_(velocity[i] * momentum + params[i].grad());
@@ -97,6 +113,7 @@ int main(int argc, char** argv) try {
       ++batches;
       ++step;
       seen += idx.numel();
+      observe.step(step, last_loss, idx.numel(), lr);
       if (tty) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::printf("\repoch %3lld/%lld  step %5lld  loss %.4f  %.0f samples/s   ", static_cast<long long>(epoch + 1),
@@ -109,6 +126,7 @@ int main(int argc, char** argv) try {
                   epoch_loss / static_cast<double>(batches));
   }
   if (tty) std::printf("\n");
+  observe.finish(step);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   NoGradGuard no_grad;

@@ -5,7 +5,8 @@
 //
 //   fashion_mnist [--device auto|cpu|cuda:N] [--epochs 5] [--batch-size 64] [--lr 0.003]
 //                 [--workers 2] [--train-subset 0] [--test-subset 0] [--augment 1] [--width 16] [--seed 0]
-//                 [--save PATH] [--load PATH]
+//                 [--save PATH] [--load PATH] [--profile trace.json] [--log-dir runs/fashion_mnist]
+//                 (the last two: examples/common/observe.hpp, docs/profiling.md)
 //
 // --save writes the trained weights (safetensors); --load starts from such a file (--epochs 0:
 // only evaluates it).
@@ -22,6 +23,7 @@
 #include <ember/ember.hpp>
 
 #include "../common/args.hpp"
+#include "../common/observe.hpp"
 #include "../common/progress.hpp"
 
 using namespace ember;
@@ -63,10 +65,10 @@ class Prefix : public data::Dataset {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::Args args(argc, argv,
+  examples::Args args(argc, argv, examples::with_observe_flags(
                       {{"device", "auto"}, {"epochs", "5"}, {"batch-size", "64"}, {"lr", "0.003"}, {"workers", "2"},
                        {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"seed", "0"},
-                       {"load", ""}});
+                       {"load", ""}}));
   const Device dev = args.device();
   const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -101,6 +103,10 @@ int main(int argc, char** argv) try {
   optim::OneCycleLR schedule(opt, {.max_lr = args.real("lr"), .total_steps = std::max<int64_t>(1, epochs * train_loader.num_batches()),
                                    .pct_start = 0.2, .cycle_momentum = false});
 
+  examples::Observe observe(args, {{"example", std::string("fashion_mnist")}, {"device", dev.str()},
+                                   {"epochs", static_cast<double>(epochs)}, {"batch_size", static_cast<double>(batch)},
+                                   {"lr", args.real("lr")}, {"workers", static_cast<double>(workers)},
+                                   {"augment", static_cast<double>(augment)}, {"seed", static_cast<double>(seed)}});
   examples::Progress progress;
   double last_loss = 0;
   int64_t step = 0;
@@ -117,10 +123,12 @@ int main(int argc, char** argv) try {
       epoch_loss += last_loss;
       ++batches;
       progress.step(epoch, epochs, ++step, last_loss, static_cast<int64_t>(b.indices.size()));
+      observe.step(step, last_loss, static_cast<int64_t>(b.indices.size()), opt.param_groups()[0].lr());
     }
     progress.epoch(epoch, epochs, "loss " + examples::num(epoch_loss / static_cast<double>(std::max<int64_t>(1, batches)), 4));
   }
   progress.finish();
+  observe.finish(step);
   const double seconds = progress.seconds();
   args.save_model(*model);
 
