@@ -23,24 +23,16 @@
 #include "ember/train/checkpoint_manager.hpp"
 #include "gpu_skip.hpp"
 #include "pretend_gpu.hpp"
+#include "resume_run.hpp"
+#include "temp_dir.hpp"
 
 using namespace ember;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() / ("ember-ckgpu-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("ember-ckgpu") {}
 };
 
 bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
@@ -118,92 +110,9 @@ int run_child(const std::string& test_name, const std::vector<std::string>& vars
 }
 
 // ------------------------------------------------------------------ the training run to resume
-// As in test_checkpoint_manager.cpp's CPU run, on device d, saved with save_async (the pinned path).
-struct Mlp : nn::ModuleBase<Mlp> {
-  std::shared_ptr<nn::Linear> fc1, fc2;
-  std::shared_ptr<nn::Dropout> drop;
-  Mlp() {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(6, 16));
-    drop = register_module("drop", std::make_shared<nn::Dropout>(0.25));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 3));
-  }
-  template <Element T>
-  Tensor<T> forward(const Tensor<T>& x) {
-    return (*fc2)(relu((*drop)((*fc1)(x))));
-  }
-};
-
-constexpr int64_t kSamples = 36, kMicro = 3, kAccum = 2, kTotalSteps = 14;
-
-void training_run(Device d, const fs::path& dir, int64_t last, int64_t save_after, bool resume,
-                  const fs::path& results) {
-  manual_seed(1234);
-  Mlp model;
-  model.to(d);
-  optim::AdamW opt(model.parameters(), {.lr = 3e-2, .weight_decay = 0.1});
-  optim::WarmupCosineLR sched(opt, {.warmup_steps = 3, .total_steps = kTotalSteps, .min_lr = 1e-3});
-  amp::GradScaler scaler({.init_scale = 1024.0, .growth_interval = 3});
-  train::GradientAccumulator acc(kAccum);
-  data::DistributedSampler sampler(kSamples, 1, 0, {.shuffle = true, .seed = 77});
-  train::CheckpointManager ckpt(dir, {.keep_last = 2});
-  train::CheckpointTargets targets{.model = &model, .optimizer = &opt, .scheduler = &sched, .scaler = &scaler};
-
-  std::vector<float> X(kSamples * 6), Y(kSamples * 3);
-  for (int64_t i = 0; i < kSamples * 6; ++i) X[i] = static_cast<float>(std::sin(0.37 * i));
-  for (int64_t i = 0; i < kSamples * 3; ++i) Y[i] = static_cast<float>(std::cos(0.11 * i));
-
-  int64_t step = 0, pos = 0;
-  if (resume) {
-    auto r = ckpt.load_latest(targets);
-    REQUIRE(r.has_value());
-    step = r->step;
-    pos = train::sampler_position_from(r->data, &sampler).index;
-  }
-  std::vector<int64_t> order = sampler.indices();
-  std::vector<float> losses;
-  model.train();
-  for (; step < last; ++step) {
-    for (int m = 0; m < kAccum; ++m) {
-      if (pos + kMicro > static_cast<int64_t>(order.size())) {
-        sampler.set_epoch(sampler.epoch() + 1);
-        order = sampler.indices();
-        pos = 0;
-      }
-      std::vector<float> xb, yb;
-      for (int64_t k = 0; k < kMicro; ++k) {
-        const int64_t s = order[static_cast<size_t>(pos + k)];
-        xb.insert(xb.end(), X.begin() + s * 6, X.begin() + s * 6 + 6);
-        yb.insert(yb.end(), Y.begin() + s * 3, Y.begin() + s * 3 + 3);
-      }
-      pos += kMicro;
-      auto x = Tensor<float>::from_vector(xb, {kMicro, 6}).to(d).to<half>();
-      auto y = Tensor<float>::from_vector(yb, {kMicro, 3}).to(d);
-      auto loss = acc.scale_loss(nn::functional::mse_loss(model(x), y));
-      losses.push_back(loss.item());
-      scaler.scale(loss).backward();
-      if (acc.sync_step()) {
-        scaler.step(opt);
-        scaler.update();
-        opt.zero_grad();
-        sched.step();
-      }
-    }
-    if (step + 1 == save_after) {
-      ckpt.save_async(step + 1, targets, {.epoch = static_cast<int64_t>(sampler.epoch()),
-                                          .data = train::sampler_position(sampler, pos)});
-    }
-  }
-  ckpt.wait();
-  io::TensorList out;
-  out.emplace_back("losses", Tensor<float>::from_vector(losses, {static_cast<int64_t>(losses.size())}));
-  for (auto& [k, v] : model.state_dict()) out.emplace_back("model." + k, v);
-  for (auto& [i, st] : opt.state_dict().state)
-    for (auto& [k, v] : st) out.emplace_back("opt." + std::to_string(i) + "." + k, v);
-  out.emplace_back("scale", Tensor<double>::scalar(scaler.get_scale()));
-  out.emplace_back("lr", Tensor<double>::scalar(opt.param_groups()[0].lr()));
-  out.emplace_back("gen", Tensor<int64_t>::from_vector({static_cast<int64_t>(default_generator().offset())}, {1}));
-  io::save_file(results, out);
-}
+// tests/resume_run.hpp (test_checkpoint_manager.cpp runs it on the CPU), here on device d, saved
+// with save_async (the pinned path).
+using namespace testing::resume;
 
 // N steps straight, then k steps + save_async, then a new process that resumes for N - k steps:
 // every loss, parameter and optimizer state tensor bitwise equal.
@@ -255,8 +164,9 @@ TEST_CASE("child: device training run", "[.]") {
   std::optional<testing::PretendGpu> pretend;
   if (env("EMBER_CKPT_PRETEND") == "1") pretend.emplace();
   REQUIRE(cuda::is_available());
-  training_run(Device::cuda(0), env("EMBER_CKPT_DIR"), std::stoll(env("EMBER_CKPT_LAST")),
-               std::stoll(env("EMBER_CKPT_SAVE")), env("EMBER_CKPT_RESUME") == "1", env("EMBER_CKPT_RESULTS"));
+  training_run({.device = Device::cuda(0), .save_async = true}, env("EMBER_CKPT_DIR"),
+               std::stoll(env("EMBER_CKPT_LAST")), std::stoll(env("EMBER_CKPT_SAVE")), env("EMBER_CKPT_RESUME") == "1",
+               env("EMBER_CKPT_RESULTS"));
 }
 
 TEST_CASE("CheckpointManager: save_async of device tensors stages into reused pinned memory with one sync",

@@ -21,6 +21,7 @@
 #include "ember/io/io.hpp"
 #include "ember/optim/state_io.hpp"
 #include "pretend_gpu.hpp"
+#include "temp_dir.hpp"
 
 using namespace ember;
 namespace fs = std::filesystem;
@@ -28,19 +29,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // A fresh folder under the system's temporary folder, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() / ("ember-st-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("ember-st") {}
 };
 
 fs::path fixture(const std::string& name) { return fs::path(EMBER_SOURCE_DIR) / "tests" / "interop" / name; }
