@@ -73,7 +73,9 @@ inline AnyTensor parse_idx(const uint8_t* data, size_t size, const std::string& 
   AnyTensor t = AnyTensor::empty(shape, dtype);
   const uint8_t* p = data + header;
   switch (type) {
-    case 0x08: std::memcpy(t.data_ptr(), p, payload); break;
+    case 0x08:  // an empty tensor may have no buffer: memcpy with null is undefined even for 0 bytes
+      if (payload != 0) std::memcpy(t.data_ptr(), p, payload);
+      break;
     case 0x09: {
       auto* out = static_cast<int32_t*>(t.data_ptr());
       for (int64_t i = 0; i < numel; ++i) out[i] = static_cast<int8_t>(p[i]);
