@@ -14,6 +14,7 @@
 #include "ember/core/shape.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/core/trace.hpp"
+#include "ember/backend/cpu/parallel.hpp"  // set_num_threads, get_num_threads (CPU kernels and BLAS)
 
 #include "ember/autograd/anomaly.hpp"
 #include "ember/autograd/engine.hpp"

@@ -1,0 +1,169 @@
+#pragma once
+// CPU threading: one thread count for every ember CPU kernel and for the BLAS.
+//
+//   ember::set_num_threads(n)   n >= 1; ember's kernels and OpenBLAS (when linked) use n threads
+//   ember::get_num_threads()    default: the cores available to the process (sched_getaffinity)
+//   ember::cpu::parallel_for(begin, end, grain, f)
+//                               calls f(lo, hi) on contiguous chunks of [begin, end) that
+//                               together cover it exactly once
+//
+// The threads come from OpenMP, which the CMake target ember::ember carries (OpenMP::OpenMP_CXX,
+// option EMBER_OPENMP). A program compiled without OpenMP (no -fopenmp: _OPENMP undefined) gets
+// the same results serially: every kernel splits its work so that each output element is
+// computed by exactly one chunk, with the same arithmetic, so the thread count never changes a
+// result (reductions that combine per-chunk partials say so where they do).
+//
+// parallel_for runs f serially (one call f(begin, end)) when the range is at most `grain` long,
+// when one thread is set, when it is already inside an OpenMP parallel region (no nested teams:
+// a kernel called from a threaded kernel stays on its thread), or without OpenMP. An exception
+// thrown by f on any thread is rethrown on the caller after every chunk has finished.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "ember/core/error.hpp"
+
+// OpenBLAS's own thread setting and kernel name, declared weak: they resolve to OpenBLAS when the
+// program links it and to null with another BLAS or none, so ember never needs <cblas.h>.
+#if defined(EMBER_HAVE_CBLAS) && (defined(__GNUC__) || defined(__clang__))
+extern "C" {
+void openblas_set_num_threads(int num_threads) __attribute__((weak));
+char* openblas_get_corename(void) __attribute__((weak));
+char* openblas_get_config(void) __attribute__((weak));
+}
+#define EMBER_OPENBLAS_WEAK 1
+#endif
+
+namespace ember {
+
+namespace detail {
+
+// The cores this process may run on (its affinity mask), at least 1.
+inline int available_cores() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+#if defined(_OPENMP)
+  return std::max(1, omp_get_num_procs());
+#else
+  return 1;
+#endif
+}
+
+inline std::atomic<int>& num_threads_slot() {
+  static std::atomic<int> slot{available_cores()};
+  return slot;
+}
+
+}  // namespace detail
+
+// Sets the threads of ember's CPU kernels and, when ember was linked with OpenBLAS, of its GEMM.
+// Takes effect for kernels started after the call; safe to call from any thread.
+inline void set_num_threads(int n) {
+  if (n < 1)
+    throw ValueError("ember::set_num_threads: the thread count must be at least 1, got " + std::to_string(n));
+  detail::num_threads_slot().store(n, std::memory_order_relaxed);
+#if defined(_OPENMP)
+  omp_set_num_threads(n);  // for OpenMP code outside ember's parallel_for (which names its team size)
+#endif
+#if defined(EMBER_OPENBLAS_WEAK)
+  if (openblas_set_num_threads) openblas_set_num_threads(n);
+#endif
+}
+
+inline int get_num_threads() { return detail::num_threads_slot().load(std::memory_order_relaxed); }
+
+// True when ember was compiled with OpenMP (parallel_for can use more than one thread).
+constexpr bool has_openmp() {
+#if defined(_OPENMP)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The BLAS kernel OpenBLAS chose for this CPU (e.g. "Haswell", "SkylakeX", "Zen"), or "" when the
+// program was not linked with OpenBLAS. Benchmarks report it (OPENBLAS_CORETYPE may force it).
+inline std::string blas_core_name() {
+#if defined(EMBER_OPENBLAS_WEAK)
+  if (openblas_get_corename) {
+    const char* s = openblas_get_corename();
+    return s ? std::string(s) : std::string();
+  }
+#endif
+  return {};
+}
+
+namespace cpu {
+
+// True inside a parallel region (an OpenMP team of more than one thread).
+inline bool in_parallel_region() {
+#if defined(_OPENMP)
+  return omp_in_parallel() != 0;
+#else
+  return false;
+#endif
+}
+
+// Calls f(lo, hi) over [begin, end) split into at most get_num_threads() contiguous chunks of at
+// least `grain` elements each (grain < 1 counts as 1). Chunk bounds depend only on the range,
+// grain and thread count.
+template <class F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
+  if (end <= begin) return;
+  const int64_t n = end - begin;
+  grain = std::max<int64_t>(grain, 1);
+#if defined(_OPENMP)
+  const int threads = get_num_threads();
+  if (threads > 1 && n > grain && !in_parallel_region()) {
+    const int64_t chunks = std::min<int64_t>(threads, (n + grain - 1) / grain);
+    std::exception_ptr error;
+    std::mutex error_mutex;
+#pragma omp parallel num_threads(static_cast<int>(chunks))
+    {
+      // The team may be smaller than asked (OMP_THREAD_LIMIT, dynamic teams): split by its size.
+      const int64_t team = omp_get_num_threads();
+      const int64_t t = omp_get_thread_num();
+      const int64_t lo = begin + n * t / team, hi = begin + n * (t + 1) / team;
+      if (lo < hi) {
+        try {
+          f(lo, hi);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (!error) error = std::current_exception();
+        }
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+#endif
+  f(begin, end);
+}
+
+// Grain sizes (elements per chunk below which a kernel stays on one thread): a thread start and
+// join costs a few microseconds, about what one core streams through in 32K floats.
+inline constexpr int64_t kGrainElementwise = 32768;  // cheap per element (add, copy, relu, cast)
+inline constexpr int64_t kGrainTranscendental = 4096;  // exp, tanh, erf, ... per element
+
+// Rows per chunk for a row-wise kernel over rows of `cols` elements: about kGrainElementwise
+// elements per chunk.
+inline int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(cols, 1)); }
+
+}  // namespace cpu
+}  // namespace ember
