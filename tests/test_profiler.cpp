@@ -14,8 +14,12 @@
 #include <set>
 #include <thread>
 
+#include <ember/distributed/data_parallel.hpp>
+#include <ember/distributed/thread_group.hpp>
 #include <ember/ember.hpp>
 #include <ember/profile/profiler.hpp>
+
+#include "pretend_gpu.hpp"
 
 using namespace ember;
 using Catch::Contains;
@@ -630,4 +634,221 @@ TEST_CASE("profiler: device time from timing events, read back once per step", "
     if (e["ph"] == "X" && e["pid"] == 1) ++device_events;
   CHECK(device_events == 4);
   fs::remove_all(dir);
+}
+
+TEST_CASE("profiler: tensor methods that copy or cast are ops with names, shapes and dtypes", "[profile]") {
+  Tensor<float> a = Tensor<float>::ones({3, 4});
+  Tensor<double> d = Tensor<double>::zeros({3, 4});
+  Tensor<float> dst = Tensor<float>::zeros({3, 4});
+  profile::Profiler p;
+  p.start();
+  (void)a.clone();
+  (void)a.to<half>();
+  (void)a.to(DType::Float64);
+  (void)a.to<float>();                // same dtype: no work, no op
+  (void)a.to(Device::cpu());          // same device: no work, no op
+  dst.copy_(d);                       // a cast of the source nests as to_dtype
+  dst.copy_(a);
+  p.stop();
+  auto clone = named(p, "clone");
+  REQUIRE(clone.size() == 1);
+  CHECK(clone[0]->kind == profile::EventKind::Op);
+  CHECK(clone[0]->shapes == "[[3, 4]]");
+  CHECK(clone[0]->dtypes == "[float32]");
+  CHECK(clone[0]->device == Device::cpu());
+  auto casts = named(p, "to_dtype");
+  REQUIRE(casts.size() == 3);  // to<half>, to(Float64), and the cast inside copy_(d)
+  CHECK(casts[0]->dtypes == "[float32]");
+  CHECK(casts[1]->dtypes == "[float32]");
+  CHECK(casts[2]->dtypes == "[float64]");
+  for (const auto* e : casts) CHECK(e->shapes == "[[3, 4]]");
+  auto copies = named(p, "copy_");
+  REQUIRE(copies.size() == 2);
+  CHECK(copies[0]->dtypes == "[float64]");  // the source's
+  CHECK(copies[1]->dtypes == "[float32]");
+  CHECK(casts[2]->depth == copies[0]->depth + 1);  // nested in the copy
+  CHECK(casts[2]->begin_ns >= copies[0]->begin_ns);
+  CHECK(casts[2]->end_ns <= copies[0]->end_ns);
+  CHECK(copies[0]->self_ns <= copies[0]->duration_ns() - casts[2]->duration_ns());
+  CHECK(named(p, "to_device").empty());
+  auto ka = p.key_averages();
+  REQUIRE(ka.find("to_dtype") != nullptr);
+  CHECK(ka.find("to_dtype")->calls == 3);
+  REQUIRE(ka.find("copy_") != nullptr);
+  CHECK(ka.find("copy_")->calls == 2);
+  CHECK(ka.find("clone")->calls == 1);
+}
+
+TEST_CASE("profiler: device copies are to_device ops, in the trace with dtypes", "[profile][device]") {
+  if (cuda::is_available()) {
+    std::printf("SKIPPED: a real GPU is present (this test installs a pretend cuda:0)\n");
+    return;
+  }
+  testing::PretendGpu gpu;
+  REQUIRE(gpu.active);
+  Tensor<float> a = Tensor<float>::ones({2, 5});
+  fs::path dir = temp_dir("to_device");
+  profile::Profiler p({.trace_path = (dir / "t.json").string()});
+  p.start();
+  Tensor<float> g = a.to(Device::cuda(0));
+  Tensor<float> back = g.to(Device::cpu());
+  p.stop();
+  auto up = named(p, "to_device");
+  REQUIRE(up.size() == 2);
+  CHECK(up[0]->device == Device::cpu());      // the source of the upload
+  CHECK(up[1]->device == Device::cuda(0));    // the source of the download
+  CHECK(up[0]->shapes == "[[2, 5]]");
+  CHECK(up[0]->dtypes == "[float32]");
+  CHECK(back.to_vector() == std::vector<float>(10, 1.0f));
+  nlohmann::json j = read_json(dir / "t.json");
+  int found = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e.value("name", "") == "to_device") {
+      ++found;
+      CHECK(e["args"]["input_shapes"] == "[[2, 5]]");
+      CHECK(e["args"]["input_dtypes"] == "[float32]");
+    }
+  CHECK(found == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("profiler: GPU ops on other threads have no device time and leave the step's alone", "[profile][device]") {
+  // Device time is measured for the thread that called start() only. A timing event is recorded
+  // on the device's one compute stream, which every thread's ops share: the time between two
+  // events of a worker's op includes whatever other threads queued in between, so it cannot be
+  // attributed, and a worker recording events would also race with the step thread returning the
+  // pool at the step's end. So workers record none; their ops keep host times only.
+  if (cuda::is_available()) {
+    std::printf("SKIPPED: a real GPU is present (this test installs a pretend cuda:0)\n");
+    return;
+  }
+  InstallTimedGpu install;
+  Tensor<float> a = Tensor<float>::ones({16, 16}).to(Device::cuda(0));
+  profile::Profiler p;
+  p.start();
+  for (int step = 0; step < 2; ++step) {
+    const int recorded_before = timed_gpu().recorded_;
+    std::thread worker([&] {
+      (void)sigmoid(a);
+      (void)sigmoid(a);
+    });
+    worker.join();
+    CHECK(timed_gpu().recorded_ == recorded_before);  // the worker recorded no timing event
+    (void)matmul(a, a);
+    CHECK(timed_gpu().recorded_ > recorded_before);   // the step thread's op did
+    p.step();
+  }
+  p.stop();
+  auto sg = named(p, "sigmoid");
+  REQUIRE(sg.size() == 4);
+  for (const auto* e : sg) {
+    CHECK(e->thread != 0);
+    CHECK(e->device == Device::cuda(0));
+    CHECK(e->device_ns == -1);
+    CHECK(e->duration_ns() > 0);
+  }
+  auto mm = named(p, "matmul");
+  REQUIRE(mm.size() == 2);
+  for (const auto* e : mm) CHECK(e->device_ns >= 0);
+  for (const auto& s : p.steps()) {
+    CHECK(s.device_ns >= 0);
+    CHECK(s.device_ns <= s.duration_ns());
+  }
+  auto ka = p.key_averages();
+  REQUIRE(ka.find("sigmoid") != nullptr);
+  CHECK(ka.find("sigmoid")->device_ns == -1);  // "-" in the table
+  CHECK(ka.find("matmul")->device_ns >= 0);
+}
+
+TEST_CASE("profiler: DataParallel over 2 thread ranks records total and exposed communication", "[profile][dist]") {
+  // Rank 0 trains on the thread that starts the profiler (the step thread), rank 1 on another.
+  // Tiny buckets: several all-reduces per backward, some overlapping the rest of backward.
+  auto groups = dist::ThreadProcessGroup::create(2);
+  auto make = [] {
+    auto m = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::Tanh>(),
+                                              std::make_shared<nn::Linear>(16, 3));
+    Generator gen(7);
+    NoGradGuard no_grad;
+    for (auto& [n, prm] : m->named_parameters()) {
+      AnyTensor t = prm;
+      nn::init::uniform_(t, -0.5, 0.5, gen);
+    }
+    return m;
+  };
+  dist::DataParallelOptions o;
+  o.bucket_cap_bytes = 256;
+  o.first_bucket_bytes = 128;
+  constexpr int kSteps = 4;
+  auto train = [&](int rank, profile::Profiler* prof) {
+    auto m = make();
+    dist::DataParallel dp(m, *groups[static_cast<size_t>(rank)], o);
+    optim::SGD opt(m->parameters(), {.lr = 0.05});
+    Generator data(100 + static_cast<uint64_t>(rank));
+    for (int step = 0; step < kSteps; ++step) {
+      FloatTensor x = FloatTensor::randn({8, 6}, Device::cpu(), 0.0, 1.0, data);
+      FloatTensor y = FloatTensor::randn({8, 3}, Device::cpu(), 0.0, 1.0, data);
+      opt.zero_grad();
+      nn::functional::mse_loss(dp(x), y).backward();
+      opt.step();
+      if (prof) prof->step(8);
+    }
+  };
+  profile::Profiler p;
+  p.start();
+  std::exception_ptr error1;
+  std::thread rank1([&] {
+    try {
+      train(1, nullptr);
+    } catch (...) {
+      error1 = std::current_exception();
+    }
+  });
+  train(0, &p);
+  rank1.join();
+  p.stop();
+  if (error1) std::rethrow_exception(error1);
+
+  REQUIRE(p.steps().size() == kSteps);
+  // The step thread's own all-reduces (async events on thread 0), per step.
+  std::vector<int64_t> own_total(kSteps, 0);
+  int other_rank_async = 0;
+  for (const auto& e : p.events()) {
+    if (e.kind != profile::EventKind::Async) continue;
+    if (e.thread != 0) {
+      ++other_rank_async;
+      continue;
+    }
+    for (size_t i = 0; i < p.steps().size(); ++i)
+      if (e.end_ns > p.steps()[i].begin_ns && e.end_ns <= p.steps()[i].end_ns) own_total[i] += e.duration_ns();
+  }
+  CHECK(other_rank_async > 0);  // rank 1's are in the trace too
+  for (size_t i = 0; i < p.steps().size(); ++i) {
+    const auto& s = p.steps()[i];
+    const int64_t exposed = s.phase_ns[static_cast<size_t>(trace::Phase::Communication)];
+    CHECK(s.communication_total_ns > 0);
+    CHECK(exposed > 0);                                   // the waits at the end of backward
+    // (No exposed <= total here: a wait for an all-reduce already seen done during backward lies
+    // outside its interval, and on a loaded machine the thread can be descheduled inside it.)
+    CHECK(s.communication_total_ns == own_total[i]);      // rank 1's all-reduces are not added
+    CHECK(s.phase_ns[static_cast<size_t>(trace::Phase::Backward)] > 0);
+    CHECK(s.phase_ns[static_cast<size_t>(trace::Phase::Forward)] > 0);
+    CHECK(s.phase_ns[static_cast<size_t>(trace::Phase::Optimizer)] > 0);
+    int64_t sum = s.rest_ns;
+    for (int64_t v : s.phase_ns) sum += v;
+    CHECK(sum == s.duration_ns());                        // the phases add up to the step
+    auto f = p.figures(s);
+    CHECK(f.communication_exposed_ms == Approx(static_cast<double>(exposed) * 1e-6));
+    CHECK(f.communication_total_ms == Approx(static_cast<double>(s.communication_total_ns) * 1e-6));
+    const double parts = f.data_wait_ms + f.host_to_device_ms + f.forward_ms + f.backward_ms + f.optimizer_ms +
+                         f.communication_exposed_ms + f.checkpoint_save_ms + f.rest_ms;
+    CHECK(parts == Approx(f.step_ms).epsilon(1e-9));
+  }
+  // Rank 1's exposed waits are on its own thread's track, not in the step: the step thread's
+  // communication phases are the only ones charged.
+  int comm_phases_rank0 = 0;
+  for (const auto& e : p.events())
+    if (e.kind == profile::EventKind::Phase && e.name == "communication" && e.thread == 0) ++comm_phases_rank0;
+  CHECK(comm_phases_rank0 >= kSteps);
+  const std::string report = p.step_report();
+  CHECK_THAT(report, Contains("comm total") && Contains("Verdict"));
 }

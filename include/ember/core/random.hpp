@@ -66,41 +66,104 @@ EMBER_HD inline double philox_normal(uint64_t seed, uint64_t offset, int64_t i) 
 }
 }  // namespace detail
 
-// The process-wide default generator: a seed and an offset (in 4-number blocks) that advances with
-// every draw. Its (seed, offset) pair is the whole state, so a checkpoint can store it exactly.
+// A generator's whole state: the seed and the offset (in 4-number blocks) of its next draw.
+struct GeneratorState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  bool operator==(const GeneratorState&) const = default;
+};
+
+// A seed and an offset (in 4-number blocks) that advances with every draw. The (seed, offset) pair
+// is the whole state, so a checkpoint can store it exactly and a draw can be replayed from it.
+// Thread-safe: draw() takes the seed and reserves the blocks under one lock, so two threads
+// drawing from one generator never get the same numbers (which thread gets which depends on the
+// interleaving; see "Random state and threads" below for reproducible concurrent use).
 class Generator {
  public:
-  explicit Generator(uint64_t seed = 0x853c49e6748fea9bULL) : seed_(seed) {}
-  void manual_seed(uint64_t seed) {
+  static constexpr uint64_t kDefaultSeed = 0x853c49e6748fea9bULL;
+  explicit Generator(uint64_t seed = kDefaultSeed) : seed_(seed) {}
+  explicit Generator(GeneratorState state) : seed_(state.seed), offset_(state.offset) {}
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  void manual_seed(uint64_t seed) { set_state({seed, 0}); }
+  uint64_t seed() const { return state().seed; }
+  uint64_t offset() const { return state().offset; }
+  // Both halves read together (reading seed() then offset() may straddle another thread's draw).
+  GeneratorState state() const {
     std::lock_guard<std::mutex> lock(mu_);
-    seed_ = seed;
-    offset_ = 0;
+    return {seed_, offset_};
   }
-  uint64_t seed() const { return seed_; }
-  uint64_t offset() const { return offset_; }
-  void set_state(uint64_t seed, uint64_t offset) {
+  void set_state(uint64_t seed, uint64_t offset) { set_state({seed, offset}); }
+  void set_state(GeneratorState st) {
     std::lock_guard<std::mutex> lock(mu_);
-    seed_ = seed;
-    offset_ = offset;
+    seed_ = st.seed;
+    offset_ = st.offset;
   }
-  // Reserves the blocks for n numbers and returns the offset of the first.
-  uint64_t reserve(int64_t n) {
+  // Reserves the blocks for n numbers: returns the seed and the offset of the first block.
+  GeneratorState draw(int64_t n) {
     std::lock_guard<std::mutex> lock(mu_);
-    uint64_t start = offset_;
+    GeneratorState at{seed_, offset_};
     offset_ += (static_cast<uint64_t>(n) + 3u) / 4u;
-    return start;
+    return at;
   }
+  // Same, the offset only (callers that then read seed() race with a concurrent manual_seed:
+  // prefer draw()).
+  uint64_t reserve(int64_t n) { return draw(n).offset; }
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   uint64_t seed_;
   uint64_t offset_ = 0;
 };
 
-inline Generator& default_generator() {
+// ---- Random state and threads (docs/api.md, "Threads") ----
+// default_generator() is the calling thread's *current* generator: the one a GeneratorScope
+// installed on this thread, else the single process-wide generator.
+// - The process-wide generator is shared by every thread that has no scope of its own. Draws
+//   from it never race and never repeat (each reserves its own blocks), but with several threads
+//   drawing, which thread gets which numbers depends on the scheduling: not reproducible.
+// - A thread that must be reproducible while others draw (a training on its own thread, a
+//   ThreadProcessGroup rank, a data transform worker) owns a Generator and installs it for its
+//   scope: every default draw on that thread (rand, randn, dropout, nn::init) then comes from it,
+//   and no other thread sees it.
+// - Gradient checkpointing (nn/checkpoint.hpp) replays a recomputation from a copy of the state
+//   its forward started from, installed with a GeneratorScope on the backward thread: it never
+//   rewinds the shared generator.
+// - CheckpointManager saves and restores default_generator() of the thread that calls it, i.e.
+//   the training thread's own generator when it has one.
+namespace detail {
+inline Generator& process_generator() {
   static Generator g;
   return g;
 }
+inline Generator*& thread_generator_slot() {
+  thread_local Generator* current = nullptr;
+  return current;
+}
+}  // namespace detail
+
+inline Generator& default_generator() {
+  Generator* g = detail::thread_generator_slot();
+  return g ? *g : detail::process_generator();
+}
+// Seeds the calling thread's current generator (the process-wide one when the thread has none).
 inline void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+// Makes `gen` the calling thread's default generator while alive (nests; restores the previous
+// one on destruction, also during unwinding). `gen` must outlive the scope; the scope must end on
+// the thread that created it.
+class GeneratorScope {
+ public:
+  explicit GeneratorScope(Generator& gen) : previous_(detail::thread_generator_slot()) {
+    detail::thread_generator_slot() = &gen;
+  }
+  ~GeneratorScope() { detail::thread_generator_slot() = previous_; }
+  GeneratorScope(const GeneratorScope&) = delete;
+  GeneratorScope& operator=(const GeneratorScope&) = delete;
+
+ private:
+  Generator* previous_;
+};
 
 }  // namespace ember

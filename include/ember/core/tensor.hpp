@@ -18,6 +18,7 @@
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/core/random.hpp"
 #include "ember/core/tensor_impl.hpp"
+#include "ember/core/trace.hpp"  // the op hook of clone, to and copy_
 
 namespace ember {
 
@@ -188,8 +189,8 @@ class Tensor : public AnyTensor {
     EMBER_CHECK(lo <= hi, ValueError, "rand: the range [lo, hi) must have lo <= hi, got lo ", lo, " and hi ", hi,
                 " (as torch.Tensor.uniform_)");
     Tensor t = Tensor(AnyTensor::empty(s, dtype_of<T>, d, "rand"));
-    uint64_t offset = gen.reserve(t.numel());
-    if (t.numel() > 0) backend_for(d).random_uniform(dtype_of<T>, t.data_ptr(), t.numel(), gen.seed(), offset, lo, hi);
+    const GeneratorState at = gen.draw(t.numel());  // seed and offset in one piece (thread-safe)
+    if (t.numel() > 0) backend_for(d).random_uniform(dtype_of<T>, t.data_ptr(), t.numel(), at.seed, at.offset, lo, hi);
     return t;
   }
   static Tensor randn(const Shape& s, Device d = Device::cpu(), double mean = 0.0, double stddev = 1.0,
@@ -198,8 +199,8 @@ class Tensor : public AnyTensor {
     EMBER_CHECK(stddev >= 0.0, ValueError, "randn: std must be non-negative, got std ", stddev, " (mean ", mean,
                 "), as torch.normal");
     Tensor t = Tensor(AnyTensor::empty(s, dtype_of<T>, d, "randn"));
-    uint64_t offset = gen.reserve(t.numel());
-    if (t.numel() > 0) backend_for(d).random_normal(dtype_of<T>, t.data_ptr(), t.numel(), gen.seed(), offset, mean, stddev);
+    const GeneratorState at = gen.draw(t.numel());  // seed and offset in one piece (thread-safe)
+    if (t.numel() > 0) backend_for(d).random_normal(dtype_of<T>, t.data_ptr(), t.numel(), at.seed, at.offset, mean, stddev);
     return t;
   }
   // Copies values from host memory.

@@ -110,6 +110,33 @@ inline ExternalRanges& external_ranges() {
   return r;
 }
 
+// The op hook for the core's own tensor methods (clone, to, copy_; core cannot include ops/'
+// op::detail::OpScope): one input, any handle with dtype(), device() and shape(). Off, it costs
+// the same one load and one predictable branch as OpScope.
+class OpCall {
+ public:
+  template <class TensorLike>
+  OpCall(const char* name, const TensorLike& input) : listener_(active_listener()) {
+    if (listener_) [[unlikely]] {
+      OpInput in{input.dtype(), input.device(), input.shape()};
+      begin(name, in);
+    }
+  }
+  ~OpCall() {
+    if (listener_) [[unlikely]] listener_->op_end(name_);
+  }
+  OpCall(const OpCall&) = delete;
+  OpCall& operator=(const OpCall&) = delete;
+
+ private:
+  [[gnu::noinline]] void begin(const char* name, const OpInput& in) {
+    name_ = name;
+    listener_->op_begin(name, &in, 1);
+  }
+  Listener* listener_;
+  const char* name_ = nullptr;
+};
+
 class PhaseScope {
  public:
   explicit PhaseScope(Phase phase) : phase_(phase), listener_(active_listener()) {

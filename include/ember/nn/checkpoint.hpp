@@ -8,12 +8,13 @@
 // The forward runs fn under NoGradGuard, so none of its activations are kept: the tape gets ONE
 // node, "CheckpointBackward", whose inputs are the tensor arguments and which keeps only those
 // arguments (and fn). Its backward
-//   1. sets the default generator to the (seed, offset) it had before the forward, so dropout
-//      inside fn draws the same masks (DESIGN.md decision 6),
+//   1. makes a copy of the default generator's (seed, offset) from before the forward the
+//      backward thread's default generator (a GeneratorScope, core/random.hpp), so dropout inside
+//      fn draws the same masks (DESIGN.md decision 6),
 //   2. re-runs fn with grad mode on, on detached copies of the tensor arguments (each requiring
 //      grad exactly when the original does),
-//   3. puts the generator back to the state it had when the backward started, so checkpointing
-//      never changes later random draws,
+//   3. ends that scope: the generator itself was never rewound, so checkpointing neither changes
+//      later random draws nor disturbs other threads drawing from a shared generator meanwhile,
 //   4. runs autograd::backward through the recomputed graph with the incoming gradients: the
 //      parameters fn uses (leaves) receive their gradients there, and the gradients of the
 //      detached copies are returned as the gradients of the arguments.
@@ -108,19 +109,6 @@ A recompute_arg(const A& a) {
   }
 }
 
-// Saves the default generator's (seed, offset) and puts it back when the scope ends, also when
-// an exception leaves it.
-class DefaultGeneratorStateGuard {
- public:
-  DefaultGeneratorStateGuard() : seed_(default_generator().seed()), offset_(default_generator().offset()) {}
-  ~DefaultGeneratorStateGuard() { default_generator().set_state(seed_, offset_); }
-  DefaultGeneratorStateGuard(const DefaultGeneratorStateGuard&) = delete;
-  DefaultGeneratorStateGuard& operator=(const DefaultGeneratorStateGuard&) = delete;
-
- private:
-  uint64_t seed_, offset_;
-};
-
 // Records the checkpoint's node: through autograd::record when an input requires grad, else by
 // hand with the same structure (edges to no one), so that backward still reaches the node and the
 // parameters inside fn get their gradients.
@@ -170,11 +158,11 @@ auto checkpoint(Fn&& fn, Args&&... args) {
   struct Saved {
     F fn;
     std::tuple<std::decay_t<Args>...> args;
-    uint64_t seed, offset;
+    GeneratorState rng;  // of the forward's thread, read in one piece
     std::vector<autograd::OutputMeta> outputs;
   };
   auto saved = std::make_shared<Saved>(Saved{F(std::forward<Fn>(fn)), std::tuple<std::decay_t<Args>...>(args...),
-                                             default_generator().seed(), default_generator().offset(), {}});
+                                             default_generator().state(), {}});
 
   std::vector<AnyTensor> inputs;
   std::apply([&](const auto&... a) { (checkpoint_detail::collect_tensor_arg(inputs, a), ...); }, saved->args);
@@ -201,8 +189,10 @@ auto checkpoint(Fn&& fn, Args&&... args) {
 
     std::vector<AnyTensor> outs;
     {
-      checkpoint_detail::DefaultGeneratorStateGuard restore_after;  // step 3, also on an exception
-      default_generator().set_state(saved->seed, saved->offset);
+      // Replays from a copy of the forward's state, installed for this thread only: the thread's
+      // own generator (shared by other threads when it is the process-wide one) is never rewound.
+      Generator replay(saved->rng);
+      GeneratorScope replay_scope(replay);
       GradModeGuard grad_on(true);
       R r = std::apply([&](const auto&... a) -> R { return saved->fn(a...); }, args);
       outs = checkpoint_detail::checkpoint_outputs(r);

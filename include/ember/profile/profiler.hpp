@@ -85,6 +85,7 @@ struct Event {
   EventKind kind = EventKind::Op;
   std::string name;
   std::string shapes;       // ops: "[[64, 784], [10, 784]]" when record_shapes
+  std::string dtypes;       // ops: "[float32, float32]" when record_shapes (the same inputs)
   int thread = 0;           // index into Profiler::thread_names()
   int depth = 0;            // nesting on its thread (phases included)
   int64_t begin_ns = 0, end_ns = 0;
@@ -321,14 +322,15 @@ struct RawCounter {
   int64_t bytes;
 };
 
-// An interned set of input shapes.
+// An interned set of input shapes and dtypes.
 struct ShapeSet {
   int n = 0;
   std::array<Shape, trace::kMaxOpInputs> shapes;
+  std::array<DType, trace::kMaxOpInputs> dtypes{};
   bool same(const trace::OpInput* in, int k) const {
     if (k != n) return false;
     for (int i = 0; i < k; ++i)
-      if (!(shapes[static_cast<size_t>(i)] == in[i].shape)) return false;
+      if (!(shapes[static_cast<size_t>(i)] == in[i].shape) || dtypes[static_cast<size_t>(i)] != in[i].dtype) return false;
     return true;
   }
 };
@@ -368,6 +370,7 @@ struct ThreadBuffer {
   uint32_t intern_shapes(const trace::OpInput* in, int n) {
     uint64_t h = 1469598103934665603ULL ^ static_cast<uint64_t>(n);
     for (int i = 0; i < n; ++i) {
+      h = (h ^ static_cast<uint64_t>(in[i].dtype)) * 1099511628211ULL;
       h = (h ^ static_cast<uint64_t>(in[i].shape.dim())) * 1099511628211ULL;
       for (int64_t d : in[i].shape) h = (h ^ static_cast<uint64_t>(d)) * 1099511628211ULL;
     }
@@ -376,7 +379,10 @@ struct ThreadBuffer {
       if (shape_sets[id].same(in, n)) return id + 1;
     ShapeSet set;
     set.n = n;
-    for (int i = 0; i < n; ++i) set.shapes[static_cast<size_t>(i)] = in[i].shape;
+    for (int i = 0; i < n; ++i) {
+      set.shapes[static_cast<size_t>(i)] = in[i].shape;
+      set.dtypes[static_cast<size_t>(i)] = in[i].dtype;
+    }
     shape_sets.push_back(set);
     ids.push_back(static_cast<uint32_t>(shape_sets.size() - 1));
     return static_cast<uint32_t>(shape_sets.size());
@@ -387,6 +393,16 @@ struct ThreadBuffer {
     trace::OpInput in[trace::kMaxOpInputs];
     for (int i = 0; i < set.n; ++i) in[i].shape = set.shapes[static_cast<size_t>(i)];
     return shapes_text(in, set.n);
+  }
+  std::string dtypes_string(uint32_t id) const {
+    if (id == 0) return {};
+    const ShapeSet& set = shape_sets[id - 1];
+    std::string s = "[";
+    for (int i = 0; i < set.n; ++i) {
+      if (i) s += ", ";
+      s += dtype_name(set.dtypes[static_cast<size_t>(i)]);
+    }
+    return s + "]";
   }
   const char* name_of(const Frame& f) const { return f.literal ? f.literal : strings[f.name].c_str(); }
 };
@@ -571,7 +587,10 @@ class Recorder final : public trace::Listener {
     e.end_ns = end_ns - s.origin_ns;
     e.self_ns = e.duration_ns();
     e.thread = b->index;
-    if (p == trace::Phase::Communication) s.pending_comm_ns.fetch_add(end_ns - begin_ns);
+    // Only the step thread's collectives count toward the step's total: with thread ranks
+    // (ThreadProcessGroup) every rank reports its own all-reduces, and adding the other ranks'
+    // would count the same communication once per rank. Theirs stay in the trace.
+    if (p == trace::Phase::Communication && b->step_thread) s.pending_comm_ns.fetch_add(end_ns - begin_ns);
     std::lock_guard<std::mutex> l2(s.mutex);
     s.async_events.push_back(std::move(e));
   }
@@ -824,15 +843,17 @@ class Recorder final : public trace::Listener {
   // The thread's events as Events (names and shapes as text).
   static void export_events(const ThreadBuffer& b, std::vector<Event>& out, std::vector<CounterSample>& counters,
                             const Session& s) {
-    std::unordered_map<uint32_t, std::string> shapes;
+    std::unordered_map<uint32_t, std::pair<std::string, std::string>> shapes;  // id -> (shapes, dtypes)
     for (const RawEvent& r : b.events) {
       Event e;
       e.kind = r.kind;
       e.name = r.literal ? std::string(r.literal) : b.strings[r.name];
       if (r.shapes) {
         auto it = shapes.find(r.shapes);
-        if (it == shapes.end()) it = shapes.emplace(r.shapes, b.shapes_string(r.shapes)).first;
-        e.shapes = it->second;
+        if (it == shapes.end())
+          it = shapes.emplace(r.shapes, std::make_pair(b.shapes_string(r.shapes), b.dtypes_string(r.shapes))).first;
+        e.shapes = it->second.first;
+        e.dtypes = it->second.second;
       }
       e.thread = b.index;
       e.depth = r.depth;
@@ -1179,6 +1200,8 @@ class Profiler {
       if (!e.shapes.empty()) {
         out += ",\"input_shapes\":";
         logging::append_json_string(out, e.shapes);
+        out += ",\"input_dtypes\":";
+        logging::append_json_string(out, e.dtypes);
       }
       if (e.peak_bytes >= 0) out += ",\"peak_bytes\":" + std::to_string(e.peak_bytes) + ",\"device\":\"" + e.device.str() + "\"";
       if (e.device_ns >= 0) out += ",\"device_us\":" + us(e.device_ns);

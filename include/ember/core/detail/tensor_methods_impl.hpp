@@ -36,6 +36,7 @@ inline AnyTensor make_view(const AnyTensor& base, const Shape& shape, int64_t ex
 }  // namespace detail
 
 inline AnyTensor AnyTensor::clone() const {
+  trace::OpCall op_call("clone", *this);
   AnyTensor out = AnyTensor::empty(shape(), dtype(), device());
   detail::copy_values(out, *this);
   autograd::record("CloneBackward", {*this}, {out},
@@ -46,6 +47,7 @@ inline AnyTensor AnyTensor::clone() const {
 inline AnyTensor AnyTensor::to(Device d) const {
   if (d == device()) return *this;
   backend_for(d);  // fails with a clear DeviceError when d does not exist
+  trace::OpCall op_call("to_device", *this);  // the input's device: the source of the copy
   AnyTensor out = AnyTensor::empty(shape(), dtype(), d);
   detail::copy_values(out, *this);
   Device from = device();
@@ -56,6 +58,7 @@ inline AnyTensor AnyTensor::to(Device d) const {
 
 inline AnyTensor AnyTensor::to(DType t) const {
   if (t == dtype()) return *this;
+  trace::OpCall op_call("to_dtype", *this);
   AnyTensor out = AnyTensor::empty(shape(), t, device());
   if (numel() > 0) backend().cast(dtype(), data_ptr(), t, out.data_ptr(), numel());
   if (is_floating(t) && is_floating(dtype())) {
@@ -143,6 +146,7 @@ inline double AnyTensor::item_double() const {
 inline void AnyTensor::copy_(const AnyTensor& src) {
   EMBER_CHECK(src.shape() == shape(), ShapeError, "copy_: source ", src.desc(), " does not match destination ",
               desc());
+  trace::OpCall op_call("copy_", src);  // a cast of src, when dtypes differ, nests as to_dtype
   AnyTensor s = src.dtype() == dtype() ? src : src.detach().to(dtype());
   detail::copy_values(*this, s);
 }
