@@ -1,19 +1,29 @@
-// fashion_mnist: a CNN of conv-BN-ReLU blocks trained on Fashion-MNIST (real data: Debian's
-// dataset-fashion-mnist, IDX gzip files under /usr/share/datasets/fashion-mnist, or the folder in
-// EMBER_FASHION_MNIST_DIR) through data::DataLoader with worker threads and augmentation (random
-// flip by default; --augment 2 adds a random crop with 2 pixels of padding), on the GPU when there is one.
+// fashion_mnist: a CNN of conv-BN-ReLU blocks trained on Fashion-MNIST with train::Trainer (real
+// data: Debian's dataset-fashion-mnist, IDX gzip files under /usr/share/datasets/fashion-mnist, or
+// the folder in EMBER_FASHION_MNIST_DIR), fed by data::DataLoader with worker threads and
+// augmentation (random flip by default; --augment 2 adds a random crop with 2 pixels of padding),
+// on the GPU when there is one. The README's main example.
 //
 //   fashion_mnist [--device auto|cpu|cuda:N] [--epochs 5] [--batch-size 64] [--lr 0.003]
 //                 [--workers 2] [--train-subset 0] [--test-subset 0] [--augment 1] [--width 16] [--seed 0]
-//                 [--save PATH] [--load PATH] [--profile trace.json] [--log-dir runs/fashion_mnist]
-//                 (the last two: examples/common/observe.hpp, docs/profiling.md)
+//                 [--precision fp32|bf16|fp16] [--log-dir runs/fashion_mnist]
+//                 [--checkpoint-dir runs/fashion_mnist/checkpoints] [--resume 1]
+//                 [--save PATH] [--load PATH] [--profile trace.json]
 //
-// --save writes the trained weights (safetensors); --load starts from such a file (--epochs 0:
-// only evaluates it).
+// What a run shows and writes: a progress bar (plain lines when stdout is not a terminal) with
+// the test accuracy after each epoch; TensorBoard logs in --log-dir (tensorboard --logdir
+// runs/fashion_mnist; also metrics.jsonl and metrics.csv); a checkpoint after each epoch in
+// --checkpoint-dir (the last two, and the best by test accuracy in its best/ folder); one JSON line
+// last. Run the same command again and it resumes from the newest checkpoint (--resume 0 starts
+// over; an empty --log-dir= or --checkpoint-dir= turns that part off). --profile profiles 20 steps
+// after 5 of warm-up, prints the step report and the bottleneck verdict and writes the Chrome
+// trace. --save writes the trained weights (safetensors); --load starts from such a file
+// (--epochs 0: only evaluates it).
 //
 // Model: conv3x3(c) BN ReLU maxpool -> conv3x3(2c) BN ReLU maxpool -> linear(49*2c -> 10);
-// Adam with a one-cycle learning rate per step, cross-entropy. Prints progress, then one JSON line
-// with the test accuracy, the wall time and the loader's total data wait.
+// Adam with a one-cycle learning rate stepped every step, cross-entropy. The test set serves as
+// the validation set (Fashion-MNIST has no other; no choice is made on it but the best checkpoint).
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -21,6 +31,7 @@
 #include <ember/data/idx.hpp>
 #include <ember/data/transforms.hpp>
 #include <ember/ember.hpp>
+#include <ember/train/trainer.hpp>
 
 #include "../common/args.hpp"
 #include "../common/observe.hpp"
@@ -62,13 +73,22 @@ class Prefix : public data::Dataset {
   int64_t n_;
 };
 
+train::Precision precision_of(const std::string& s) {
+  if (s == "fp32") return train::Precision::Fp32;
+  if (s == "bf16") return train::Precision::Bf16;
+  if (s == "fp16") return train::Precision::Fp16;
+  throw std::invalid_argument("--precision must be fp32, bf16 or fp16, got " + s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
+  const auto start = std::chrono::steady_clock::now();
   examples::Args args(argc, argv, examples::with_observe_flags(
                       {{"device", "auto"}, {"epochs", "5"}, {"batch-size", "64"}, {"lr", "0.003"}, {"workers", "2"},
                        {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"seed", "0"},
-                       {"load", ""}}));
+                       {"precision", "fp32"}, {"log-dir", "runs/fashion_mnist"},
+                       {"checkpoint-dir", "runs/fashion_mnist/checkpoints"}, {"resume", "1"}, {"load", ""}}));
   const Device dev = args.device();
   const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -80,7 +100,7 @@ int main(int argc, char** argv) try {
     return 1;
   }
   data::IdxDataset train_all = data::fashion_mnist("train"), test_all = data::fashion_mnist("test");
-  Prefix train(train_all, args.integer("train-subset")), test(test_all, args.integer("test-subset"));
+  Prefix train_set(train_all, args.integer("train-subset")), test_set(test_all, args.integer("test-subset"));
 
   // Fashion-MNIST's pixel mean and standard deviation (over the training set, in [0, 1]).
   const data::Normalize normalize{{0.2860f}, {0.3530f}};
@@ -90,71 +110,65 @@ int main(int argc, char** argv) try {
   if (augment == 1) train_tf = data::Compose({data::ToFloat{}, data::RandomHorizontalFlip{0.5}, normalize});
   if (augment >= 2)
     train_tf = data::Compose({data::ToFloat{}, data::RandomCrop{28, 28, 2}, data::RandomHorizontalFlip{0.5}, normalize});
-  data::DataLoader train_loader(train, {.batch_size = batch, .shuffle = true, .seed = seed, .drop_last = true,
-                                        .num_workers = workers, .device = dev, .transform = train_tf});
-  data::DataLoader test_loader(test, {.batch_size = 500, .num_workers = workers, .device = dev,
-                                      .transform = data::Compose({data::ToFloat{}, normalize})});
+  data::DataLoader train_loader(train_set, {.batch_size = batch, .shuffle = true, .seed = seed, .drop_last = true,
+                                            .num_workers = workers, .device = dev, .transform = train_tf});
+  data::DataLoader test_loader(test_set, {.batch_size = 500, .num_workers = workers, .device = dev,
+                                          .transform = data::Compose({data::ToFloat{}, normalize})});
 
   manual_seed(seed);
   auto model = make_model(args.integer("width"));
   if (!args.str("load").empty()) model->load(args.str("load"));
   model->to(dev);
   optim::Adam opt(model->parameters(), {.lr = args.real("lr")});
-  optim::OneCycleLR schedule(opt, {.max_lr = args.real("lr"), .total_steps = std::max<int64_t>(1, epochs * train_loader.num_batches()),
+  optim::OneCycleLR schedule(opt, {.max_lr = args.real("lr"),
+                                   .total_steps = std::max<int64_t>(1, epochs * train_loader.num_batches()),
                                    .pct_start = 0.2, .cycle_momentum = false});
 
-  examples::Observe observe(args, {{"example", std::string("fashion_mnist")}, {"device", dev.str()},
-                                   {"epochs", static_cast<double>(epochs)}, {"batch_size", static_cast<double>(batch)},
-                                   {"lr", args.real("lr")}, {"workers", static_cast<double>(workers)},
-                                   {"augment", static_cast<double>(augment)}, {"seed", static_cast<double>(seed)}});
-  examples::Progress progress;
-  double last_loss = 0;
-  int64_t step = 0;
-  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-    double epoch_loss = 0;
-    int64_t batches = 0;
-    for (data::Batch& b : train_loader) {
-      auto loss = nn::functional::cross_entropy((*model)(b.get<float>("image")), b.get<int64_t>("label"));
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
-      schedule.step();
-      last_loss = loss.item();
-      epoch_loss += last_loss;
-      ++batches;
-      progress.step(epoch, epochs, ++step, last_loss, static_cast<int64_t>(b.indices.size()));
-      observe.step(step, last_loss, static_cast<int64_t>(b.indices.size()), opt.param_groups()[0].lr());
-    }
-    progress.epoch(epoch, epochs, "loss " + examples::num(epoch_loss / static_cast<double>(std::max<int64_t>(1, batches)), 4));
-  }
-  progress.finish();
-  observe.finish(step);
-  const double seconds = progress.seconds();
-  args.save_model(*model);
+  train::TrainerOptions to;
+  to.epochs = std::max<int64_t>(1, epochs);  // the Trainer wants a budget even when --epochs 0 only evaluates
+  to.precision = precision_of(args.str("precision"));
+  to.scheduler = &schedule;
+  to.validation = {.loader = &test_loader};  // val/loss and val/accuracy after every epoch
+  if (!args.str("checkpoint-dir").empty())
+    to.checkpoint = {.dir = args.str("checkpoint-dir"), .every_epochs = 1, .keep_last = 2,
+                     .resume = args.integer("resume") != 0, .best_metric = "val/accuracy"};
+  to.log_dir = args.str("log-dir");
+  if (!args.str("profile").empty()) to.profile = {.steps = 20, .start_step = 5, .trace_path = args.str("profile")};
+  train::Trainer trainer(to);
 
-  int64_t correct = 0, seen = 0;
-  {
-    NoGradGuard no_grad;
-    model->eval();
-    for (data::Batch& b : test_loader) {
-      auto pred = argmax((*model)(b.get<float>("image")), {1});
-      correct += sum(eq(pred, b.get<int64_t>("label")).to<int64_t>()).item();
-      seen += static_cast<int64_t>(b.indices.size());
-    }
-  }
-  const double acc = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, seen));
+  train::FitResult r;
+  if (epochs > 0) r = trainer.fit(*model, train_loader, opt, train::cross_entropy_loss());
+  // --epochs 0 (only --load), or a resumed run that had already finished: evaluate here.
+  train::Metrics m = r.final_metrics.count("val/accuracy")
+                         ? r.final_metrics
+                         : trainer.evaluate(*model, test_loader, train::cross_entropy_loss());
+  args.save_model(*model);
+  if (!to.log_dir.empty() && epochs > 0) std::printf("TensorBoard logs: %s (tensorboard --logdir %s)\n",
+                                                     to.log_dir.string().c_str(), to.log_dir.string().c_str());
+  if (!r.resumed_from.empty())
+    std::printf("resumed from %s (step %lld; --resume 0 starts over)\n", r.resumed_from.string().c_str(),
+                static_cast<long long>(r.start_step));
+  if (!r.last_checkpoint.empty()) std::printf("checkpoint: %s\n", r.last_checkpoint.string().c_str());
+  if (!r.best_checkpoint.empty()) std::printf("best checkpoint: %s\n", r.best_checkpoint.string().c_str());
+
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s\n", examples::json_line({{"example", examples::quoted("fashion_mnist")},
                                            {"device", examples::quoted(dev.str())},
+                                           {"precision", examples::quoted(args.str("precision"))},
                                            {"epochs", std::to_string(epochs)},
-                                           {"train_samples", std::to_string(train.size())},
-                                           {"test_samples", std::to_string(seen)},
+                                           {"steps", std::to_string(r.steps)},
+                                           {"resumed_from_step", std::to_string(r.start_step)},
+                                           {"train_samples", std::to_string(train_set.size())},
+                                           {"test_samples", std::to_string(test_set.size())},
                                            {"workers", std::to_string(workers)},
                                            {"parameters", std::to_string(model->parameter_count())},
-                                           {"final_train_loss", examples::num(last_loss)},
-                                           {"test_accuracy", examples::num(acc, 4)},
-                                           {"train_seconds", examples::num(seconds, 4)},
+                                           {"final_train_loss", examples::num(r.final_loss)},
+                                           {"test_loss", examples::num(m.count("val/loss") ? m.at("val/loss") : 0.0, 4)},
+                                           {"test_accuracy", examples::num(m.at("val/accuracy"), 4)},
+                                           {"train_seconds", examples::num(r.seconds, 4)},
+                                           {"wall_seconds", examples::num(wall, 4)},
                                            {"data_wait_seconds", examples::num(train_loader.total_wait_seconds(), 4)},
-                                           {"samples_per_second", examples::num(progress.samples_per_second(), 6)}})
+                                           {"samples_per_second", examples::num(r.samples_per_second, 6)}})
                           .c_str());
   return 0;
 } catch (const std::exception& e) {
