@@ -96,7 +96,8 @@ DType dtype_of_precision(train::Precision p) {
 }
 
 // The hand-written loop the Trainer must equal: the pieces used one by one.
-Outcome hand_loop(train::Precision p, int64_t accum, int64_t epochs, double dropout, const amp::GradScalerOptions& so) {
+Outcome hand_loop(train::Precision p, int64_t accum, int64_t epochs, double dropout, const amp::GradScalerOptions& so,
+                  double clip = 0) {
   Setup s(dropout);
   const DType cdt = dtype_of_precision(p);
   amp::GradScalerOptions o = so;
@@ -126,6 +127,10 @@ Outcome hand_loop(train::Precision p, int64_t accum, int64_t epochs, double drop
           acc.sync_step();
         }
       }
+      if (clip > 0) {
+        if (scaler.is_enabled()) scaler.unscale_(*s.opt);
+        optim::clip_grad_norm_(s.model->parameters(), clip);
+      }
       if (scaler.is_enabled()) {
         scaler.step(*s.opt);
         scaler.update();
@@ -148,10 +153,11 @@ train::TrainerOptions quiet(train::TrainerOptions o) {
   return o;
 }
 
-Outcome trainer_run(train::Precision p, int64_t accum, int64_t epochs, double dropout, const amp::GradScalerOptions& so) {
+Outcome trainer_run(train::Precision p, int64_t accum, int64_t epochs, double dropout, const amp::GradScalerOptions& so,
+                    double clip = 0) {
   Setup s(dropout);
   train::Trainer t(quiet({.epochs = epochs, .precision = p, .grad_scaler = so, .accumulation = accum,
-                          .scheduler = s.sched.get()}));
+                          .clip_grad_norm = clip, .scheduler = s.sched.get()}));
   train::FitResult r = t.fit(*s.model, *s.loader, *s.opt, train::cross_entropy_loss());
   REQUIRE(r.steps == epochs * (s.loader->num_batches() / accum));
   REQUIRE_FALSE(r.cancelled);
@@ -224,6 +230,32 @@ TEST_CASE("Trainer with gradient accumulation equals a hand-written loop bitwise
   require_same(trainer_run(train::Precision::Fp32, 3, 2, 0.25, {}), hand_loop(train::Precision::Fp32, 3, 2, 0.25, {}));
   const amp::GradScalerOptions so{.init_scale = 256.0, .growth_interval = 2};
   require_same(trainer_run(train::Precision::Fp16, 2, 1, 0.25, so), hand_loop(train::Precision::Fp16, 2, 1, 0.25, so));
+}
+
+TEST_CASE("Trainer with gradient clipping equals a hand-written loop bitwise", "[trainer]") {
+  const Outcome clipped = trainer_run(train::Precision::Fp32, 1, 1, 0.0, {}, 0.05);
+  require_same(clipped, hand_loop(train::Precision::Fp32, 1, 1, 0.0, {}, 0.05));
+  REQUIRE(clipped.params != trainer_run(train::Precision::Fp32, 1, 1, 0.0, {}).params);  // the clip mattered
+  const amp::GradScalerOptions so{.init_scale = 1024.0, .growth_interval = 2};
+  require_same(trainer_run(train::Precision::Fp16, 2, 1, 0.0, so, 0.05), hand_loop(train::Precision::Fp16, 2, 1, 0.0, so, 0.05));
+}
+
+TEST_CASE("Trainer steps the scheduler per epoch", "[trainer]") {
+  Setup s(0.0, 8);  // 6 steps per epoch
+  optim::SGD sgd(s.model->parameters(), {.lr = 0.1});
+  optim::StepLR step_lr(sgd, 1, 0.5);
+  std::vector<double> lrs;
+  auto cb = std::make_shared<train::LambdaCallback>();
+  cb->step_end = [&](const train::TrainerState& st) { lrs.push_back(st.lr); };
+  train::Trainer t(quiet({.epochs = 3, .scheduler = &step_lr, .scheduler_interval = train::SchedulerInterval::Epoch}));
+  t.add_callback(cb);
+  t.fit(*s.model, *s.loader, sgd, train::cross_entropy_loss());
+  REQUIRE(lrs.size() == 18);
+  REQUIRE(lrs[0] == 0.1);
+  REQUIRE(lrs[5] == 0.1);
+  REQUIRE(lrs[6] == 0.05);
+  REQUIRE(lrs[17] == 0.025);
+  REQUIRE(step_lr.last_epoch() == 3);
 }
 
 TEST_CASE("Trainer resumes bitwise from a step checkpoint", "[trainer]") {
@@ -535,7 +567,8 @@ struct DpRank {
   std::string error;
 };
 
-DpRank dp_rank(dist::ProcessGroup* group, int64_t batch, int64_t accum, const fs::path& dir) {
+DpRank dp_rank(dist::ProcessGroup* group, int64_t batch, int64_t accum, const fs::path& dir,
+               train::Precision precision = train::Precision::Fp32) {
   DpRank out;
   try {
     const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
@@ -546,7 +579,8 @@ DpRank dp_rank(dist::ProcessGroup* group, int64_t batch, int64_t accum, const fs
     data::DataLoader loader(ds, {.batch_size = batch, .drop_last = true,
                                  .sampler = data::DistributedSampler(kSamples, world, rank, {.shuffle = true, .seed = 5})});
     std::ostringstream os;
-    train::TrainerOptions o{.epochs = 2, .accumulation = accum,
+    train::TrainerOptions o{.epochs = 2, .precision = precision, .grad_scaler = {.init_scale = 1024.0, .growth_interval = 3},
+                            .accumulation = accum, .clip_grad_norm = 1.0,
                             .progress = {.mode = train::ProgressMode::Lines, .out = &os, .every_steps = 1}};
     if (!dir.empty()) o.checkpoint = {.dir = dir, .every_epochs = 1};
     train::Trainer t(o);
@@ -607,6 +641,24 @@ TEST_CASE("Trainer data parallel over 2 ThreadProcessGroup ranks equals the sing
     REQUIRE(ranks[0].checkpoints == 2);
     REQUIRE(ranks[1].checkpoints == 0);
     REQUIRE(train::CheckpointManager(dir).steps() == std::vector<int64_t>{12 / accum, 6 / accum});
+  }
+}
+
+TEST_CASE("Trainer data parallel with fp16, the GradScaler and clipping matches the single process", "[trainer][dist]") {
+  auto groups = dist::ThreadProcessGroup::create(2);
+  std::vector<DpRank> ranks(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] { ranks[r] = dp_rank(groups[r].get(), 4, 2, {}, train::Precision::Fp16); });
+  for (auto& t : ts) t.join();
+  REQUIRE(ranks[0].error.empty());
+  REQUIRE(ranks[1].error.empty());
+  REQUIRE(ranks[0].params == ranks[1].params);
+  const DpRank single = dp_rank(nullptr, 8, 2, {}, train::Precision::Fp16);
+  REQUIRE(single.error.empty());
+  for (size_t i = 0; i < single.params.size(); ++i) {
+    const auto a = as_floats(ranks[0].params[i]), b = as_floats(single.params[i]);
+    for (size_t k = 0; k < a.size(); ++k) REQUIRE(a[k] == Approx(b[k]).epsilon(1e-3).margin(1e-4));  // fp16 rounding
   }
 }
 
