@@ -567,14 +567,21 @@ struct DpRank {
   std::string error;
 };
 
+// Made on the main thread before the rank threads start: the default generator is shared by
+// the threads, and concurrent initialisations would interleave their draws.
+std::shared_ptr<Mlp> dp_model(uint64_t seed = 99) {
+  manual_seed(seed);
+  return std::make_shared<Mlp>(0.0);
+}
+
 DpRank dp_rank(dist::ProcessGroup* group, int64_t batch, int64_t accum, const fs::path& dir,
-               train::Precision precision = train::Precision::Fp32) {
+               train::Precision precision = train::Precision::Fp32,
+               std::shared_ptr<Mlp> model = nullptr) {
   DpRank out;
   try {
     const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
     auto ds = make_data(kSamples);
-    manual_seed(99);
-    auto model = std::make_shared<Mlp>(0.0);
+    if (!model) model = dp_model();
     optim::SGD sgd(model->parameters(), {.lr = 0.1, .momentum = 0.9});
     data::DataLoader loader(ds, {.batch_size = batch, .drop_last = true,
                                  .sampler = data::DistributedSampler(kSamples, world, rank, {.shuffle = true, .seed = 5})});
@@ -621,7 +628,9 @@ TEST_CASE("Trainer data parallel over 2 ThreadProcessGroup ranks equals the sing
     std::vector<DpRank> ranks(2);
     const fs::path dir = tmp.path / ("dp" + std::to_string(accum));
     std::vector<std::thread> ts;
-    for (int r = 0; r < 2; ++r) ts.emplace_back([&, r] { ranks[r] = dp_rank(groups[r].get(), 4, accum, dir); });
+    std::vector<std::shared_ptr<Mlp>> models = {dp_model(), dp_model()};
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] { ranks[r] = dp_rank(groups[r].get(), 4, accum, dir, train::Precision::Fp32, models[r]); });
     for (auto& t : ts) t.join();
     REQUIRE(ranks[0].error.empty());
     REQUIRE(ranks[1].error.empty());
@@ -648,8 +657,9 @@ TEST_CASE("Trainer data parallel with fp16, the GradScaler and clipping matches 
   auto groups = dist::ThreadProcessGroup::create(2);
   std::vector<DpRank> ranks(2);
   std::vector<std::thread> ts;
+  std::vector<std::shared_ptr<Mlp>> models = {dp_model(), dp_model()};
   for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] { ranks[r] = dp_rank(groups[r].get(), 4, 2, {}, train::Precision::Fp16); });
+    ts.emplace_back([&, r] { ranks[r] = dp_rank(groups[r].get(), 4, 2, {}, train::Precision::Fp16, models[r]); });
   for (auto& t : ts) t.join();
   REQUIRE(ranks[0].error.empty());
   REQUIRE(ranks[1].error.empty());
@@ -668,13 +678,14 @@ TEST_CASE("Trainer data parallel: every rank resumes from the same checkpoint", 
     auto groups = dist::ThreadProcessGroup::create(2);
     std::vector<DpRank> ranks(2);
     std::vector<std::thread> ts;
+    // Other initial weights on rank 1: the broadcast and the checkpoint fix them.
+    std::vector<std::shared_ptr<Mlp>> models = {dp_model(99), dp_model(100)};
     for (int r = 0; r < 2; ++r)
       ts.emplace_back([&, r] {
         DpRank& out = ranks[r];
         try {
           auto ds = make_data(kSamples);
-          manual_seed(99 + r);  // other initial weights on rank 1: the broadcast and the checkpoint fix them
-          auto model = std::make_shared<Mlp>(0.0);
+          auto model = models[static_cast<size_t>(r)];
           optim::SGD sgd(model->parameters(), {.lr = 0.1, .momentum = 0.9});
           data::DataLoader loader(ds, {.batch_size = 4, .drop_last = true,
                                        .sampler = data::DistributedSampler(kSamples, 2, r, {.shuffle = true, .seed = 5})});
