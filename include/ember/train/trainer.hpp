@@ -200,7 +200,7 @@ struct FitResult {
   std::string best_metric_name;
   double best_metric = 0;
   int64_t best_step = -1;
-  std::vector<EvalRecord> history;          // every validation, in order
+  std::vector<EvalRecord> history;          // every validation of this fit, in order (not those before a resume)
   std::vector<double> train_losses;         // every step's loss in this fit (this rank)
   Metrics final_metrics;                    // the last validation's metrics (empty when none)
   double final_loss = 0;
