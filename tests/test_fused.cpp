@@ -75,3 +75,424 @@ TEST_CASE("set_num_threads rejects counts below 1", "[fused][threads]") {
   REQUIRE_THROWS_WITH(set_num_threads(0), Catch::Contains("set_num_threads") && Catch::Contains("got 0"));
   REQUIRE_THROWS_AS(set_num_threads(-3), ValueError);
 }
+
+// ---------------------------------------------------------------- references (double, plain loops)
+
+namespace {
+
+std::vector<double> ref_norm(const std::vector<double>& x, int64_t cols, const std::vector<double>* w,
+                             const std::vector<double>* b, double eps, bool rms) {
+  std::vector<double> y(x.size());
+  const int64_t rows = static_cast<int64_t>(x.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < cols; ++j) m += x[static_cast<size_t>(r * cols + j)];
+    m = rms ? 0.0 : m / static_cast<double>(cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      const double d = x[static_cast<size_t>(r * cols + j)] - m;
+      v += d * d;
+    }
+    v /= static_cast<double>(cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      double o = (x[static_cast<size_t>(r * cols + j)] - m) / std::sqrt(v + eps);
+      if (w) o *= (*w)[static_cast<size_t>(j)];
+      if (b) o += (*b)[static_cast<size_t>(j)];
+      y[static_cast<size_t>(r * cols + j)] = o;
+    }
+  }
+  return y;
+}
+
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]) / (1.0 + std::abs(b[i])));
+  return m;
+}
+
+template <class T>
+std::vector<T> to_vec(const AnyTensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  if (!v.empty()) t.backend().copy_to_host(v.data(), t.data_ptr(), t.nbytes());
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- threaded elementwise / reductions
+
+TEST_CASE("threaded kernels: add, broadcast add, relu, cast, sum and softmax do not depend on the thread count",
+          "[fused][threads]") {
+  ThreadsGuard guard;
+  Generator gen(7);
+  auto a = Tensor<float>::randn({300, 1000}, Device::cpu(), 0.0, 1.0, gen);
+  auto b = Tensor<float>::randn({300, 1000}, Device::cpu(), 0.0, 1.0, gen);
+  auto bias = Tensor<float>::randn({1000}, Device::cpu(), 0.0, 1.0, gen);
+  auto col = Tensor<float>::randn({300, 1}, Device::cpu(), 0.0, 1.0, gen);
+  auto run = [&] {
+    std::vector<std::vector<float>> out;
+    out.push_back(to_vec<float>(a + b));
+    out.push_back(to_vec<float>(a + bias));
+    out.push_back(to_vec<float>(a * col));
+    out.push_back(to_vec<float>(relu(a)));
+    out.push_back(to_vec<float>(exp(a)));
+    out.push_back(to_vec<float>(sum(a, std::vector<int>{1}, false)));
+    out.push_back(to_vec<float>(sum(a, std::vector<int>{0}, false)));
+    out.push_back(to_vec<float>(sum(a)));
+    out.push_back(to_vec<float>(softmax(a, -1)));
+    out.push_back(to_vec<float>(log_softmax(a, -1)));
+    out.push_back(to_vec<float>(Tensor<float>(a.to(DType::Float64).to(DType::Float32))));
+    return out;
+  };
+  set_num_threads(1);
+  auto one = run();
+  set_num_threads(2);
+  auto two = run();
+  set_num_threads(3);
+  auto three = run();
+  REQUIRE(one == two);
+  REQUIRE(one == three);
+  // and against plain references
+  const auto av = a.to_double_vector(), bv = b.to_double_vector(), biasv = bias.to_double_vector();
+  const auto colv = col.to_double_vector();
+  for (size_t i = 0; i < av.size(); i += 997) {
+    REQUIRE(one[0][i] == static_cast<float>(av[i] + bv[i]));
+    REQUIRE(one[1][i] == static_cast<float>(av[i] + biasv[i % 1000]));
+    REQUIRE(one[2][i] == static_cast<float>(av[i] * colv[i / 1000]));
+    REQUIRE(one[3][i] == static_cast<float>(std::max(av[i], 0.0)));
+  }
+  double total = 0;
+  for (double v : av) total += v;
+  REQUIRE(std::abs(one[7][0] - total) < 1e-3);
+  for (int64_t r = 0; r < 300; r += 37) {
+    double mx = -1e30, s = 0, rs = 0;
+    for (int64_t j = 0; j < 1000; ++j) mx = std::max(mx, av[static_cast<size_t>(r * 1000 + j)]);
+    for (int64_t j = 0; j < 1000; ++j) s += std::exp(av[static_cast<size_t>(r * 1000 + j)] - mx);
+    for (int64_t j = 0; j < 1000; ++j) rs += av[static_cast<size_t>(r * 1000 + j)];
+    REQUIRE(std::abs(one[5][static_cast<size_t>(r)] - rs) < 1e-3);
+    for (int64_t j = 0; j < 1000; j += 101) {
+      const double p = std::exp(av[static_cast<size_t>(r * 1000 + j)] - mx) / s;
+      REQUIRE(std::abs(one[8][static_cast<size_t>(r * 1000 + j)] - p) <= 1e-6 * p + 1e-9);
+      REQUIRE(std::abs(one[9][static_cast<size_t>(r * 1000 + j)] - std::log(p)) <= 2e-6 * (1 + std::abs(std::log(p))));
+    }
+  }
+}
+
+TEST_CASE("fast_expf: within 2 ulp of exp over the float range; 0, inf and NaN at the edges", "[fused][softmax]") {
+  double worst = 0;
+  for (double x = -87.0; x < 88.5; x += 0.00731) {
+    const float f = static_cast<float>(x);
+    const double ref = std::exp(static_cast<double>(f));
+    const double got = cpu::detail::fast_expf(f);
+    worst = std::max(worst, std::abs(got - ref) / ref);
+  }
+  REQUIRE(worst < 2.5e-7);  // 2 ulp of float is 2.4e-7 relative at worst
+  REQUIRE(cpu::detail::fast_expf(0.0f) == 1.0f);
+  REQUIRE(cpu::detail::fast_expf(-std::numeric_limits<float>::infinity()) == 0.0f);
+  REQUIRE(cpu::detail::fast_expf(-100.0f) == 0.0f);
+  REQUIRE(std::isinf(cpu::detail::fast_expf(100.0f)));
+  REQUIRE(std::isinf(cpu::detail::fast_expf(std::numeric_limits<float>::infinity())));
+  REQUIRE(std::isnan(cpu::detail::fast_expf(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// ---------------------------------------------------------------- LayerNorm / RMSNorm
+
+TEST_CASE("layer_norm and rms_norm: values against a double reference, with and without weight and bias",
+          "[fused][norm]") {
+  Generator gen(11);
+  for (int64_t cols : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{1000}}) {
+    auto x = Tensor<double>::randn({9, cols}, Device::cpu(), 3.0, 2.0, gen);
+    auto w = Tensor<double>::randn({cols}, Device::cpu(), 1.0, 0.5, gen);
+    auto b = Tensor<double>::randn({cols}, Device::cpu(), 0.0, 0.5, gen);
+    const auto xv = x.to_double_vector(), wv = w.to_double_vector(), bv = b.to_double_vector();
+    for (bool rms : {false, true}) {
+      for (int affine = 0; affine < 3; ++affine) {  // none, weight, weight + bias
+        AnyTensor wa = affine >= 1 ? AnyTensor(w) : AnyTensor(), ba = affine == 2 && !rms ? AnyTensor(b) : AnyTensor();
+        AnyTensor y = rms ? op::rms_norm(x, cols, wa, 1e-5) : op::layer_norm(x, cols, wa, ba, 1e-5);
+        auto ref = ref_norm(xv, cols, affine >= 1 ? &wv : nullptr, ba.defined() ? &bv : nullptr, 1e-5, rms);
+        INFO("cols " << cols << " rms " << rms << " affine " << affine);
+        REQUIRE(max_rel_diff(y.to_double_vector(), ref) < 1e-12);
+        // float32: within the composite's tolerance
+        AnyTensor xf = x.to(DType::Float32), wf = wa.defined() ? wa.to(DType::Float32) : AnyTensor();
+        AnyTensor bf = ba.defined() ? ba.to(DType::Float32) : AnyTensor();
+        AnyTensor yf = rms ? op::rms_norm(xf, cols, wf, 1e-5) : op::layer_norm(xf, cols, wf, bf, 1e-5);
+        REQUIRE(max_rel_diff(yf.to_double_vector(), ref) < 2e-5);
+      }
+    }
+  }
+  SECTION("nn::LayerNorm over two trailing dimensions equals the reference; its output comes from the fused op") {
+    nn::LayerNorm ln(std::vector<int64_t>{3, 4});
+    {
+      NoGradGuard ng;
+      ln.weight.copy_(Tensor<float>::randn({3, 4}, Device::cpu(), 1.0, 0.3, gen));
+      ln.bias.copy_(Tensor<float>::randn({3, 4}, Device::cpu(), 0.0, 0.3, gen));
+    }
+    auto x = Tensor<float>::randn({2, 5, 3, 4}, Device::cpu(), 0.0, 1.0, gen).set_requires_grad();
+    auto y = ln(x);
+    REQUIRE(y.grad_fn_name() == "layer_norm");
+    const auto wv = ln.weight.to_double_vector(), bv = ln.bias.to_double_vector();
+    REQUIRE(max_rel_diff(y.to_double_vector(), ref_norm(x.to_double_vector(), 12, &wv, &bv, 1e-5, false)) < 2e-6);
+  }
+  SECTION("nn::RMSNorm: torch's default eps (the dtype's epsilon) and weight") {
+    nn::RMSNorm rn(16);
+    REQUIRE(rn.eps() < 0);
+    auto x = Tensor<float>::randn({4, 16}, Device::cpu(), 0.0, 1.0, gen);
+    const auto wv = rn.weight.to_double_vector();
+    REQUIRE(max_rel_diff(rn(x).to_double_vector(),
+                         ref_norm(x.to_double_vector(), 16, &wv, nullptr, 1.1920928955078125e-07, true)) < 2e-6);
+  }
+}
+
+TEST_CASE("layer_norm: Welford statistics stay accurate for a large mean in float32", "[fused][norm]") {
+  Generator gen(3);
+  auto x64 = Tensor<double>::randn({16, 4096}, Device::cpu(), 0.0, 1e-2, gen) + 1e4;
+  auto x = Tensor<float>(x64.to(DType::Float32));
+  const auto xv = x.to_double_vector();  // the float values, exactly
+  REQUIRE(max_rel_diff(op::layer_norm(x, 4096, {}, {}, 1e-5).to_double_vector(),
+                       ref_norm(xv, 4096, nullptr, nullptr, 1e-5, false)) < 1e-4);
+  // the statistics themselves against the double reference
+  AnyTensor y = op::layer_norm(x, 4096, {}, {}, 0.0);
+  double ss = 0;
+  for (int64_t j = 0; j < 4096; ++j) ss += y.to_double_vector()[static_cast<size_t>(j)] * y.to_double_vector()[static_cast<size_t>(j)];
+  REQUIRE(std::abs(ss / 4096 - 1.0) < 1e-4);
+}
+
+TEST_CASE("layer_norm and rms_norm gradients (gradcheck, float64), including weight and bias", "[fused][norm][grad]") {
+  auto in = testing::random_inputs({{4, 6}, {6}, {6}}, 21);
+  auto ln_wb = [](const std::vector<AnyTensor>& v) { return op::layer_norm(v[0], 6, v[1], v[2], 1e-5); };
+  auto ln_plain = [](const std::vector<AnyTensor>& v) { return op::layer_norm(v[0], 6, {}, {}, 1e-5); };
+  auto rms_w = [](const std::vector<AnyTensor>& v) { return op::rms_norm(v[0], 6, v[1], 1e-5); };
+  auto rms_plain = [](const std::vector<AnyTensor>& v) { return op::rms_norm(v[0], 10, {}, 1e-6); };
+  const std::vector<AnyTensor> x_only{in[0]}, x_w{in[0], in[1]};
+  CHECK_GRADIENTS(ln_wb, in);
+  CHECK_GRADIENTS(ln_plain, x_only);
+  CHECK_GRADIENTS(rms_w, x_w);
+  auto in3 = testing::random_inputs({{3, 2, 5}}, 22);
+  CHECK_GRADIENTS(rms_plain, in3);
+  nn::LayerNorm ln(std::vector<int64_t>{2, 5}, {.dtype = DType::Float64});
+  auto ln_mod = [&](const std::vector<AnyTensor>& v) { return AnyTensor(ln(Tensor<double>(v[0]))); };
+  CHECK_MODULE_GRADIENTS(ln_mod, in3, ln);
+  nn::RMSNorm rn(5, {.dtype = DType::Float64});
+  auto rn_mod = [&](const std::vector<AnyTensor>& v) { return AnyTensor(rn(Tensor<double>(v[0]))); };
+  CHECK_MODULE_GRADIENTS(rn_mod, in3, rn);
+}
+
+TEST_CASE("layer_norm backward does not depend on the thread count (parameter gradients by fixed row blocks)",
+          "[fused][norm][threads]") {
+  ThreadsGuard guard;
+  Generator gen(5);
+  auto x0 = Tensor<float>::randn({333, 512}, Device::cpu(), 0.5, 2.0, gen);
+  auto gy = Tensor<float>::randn({333, 512}, Device::cpu(), 0.0, 1.0, gen);
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    nn::LayerNorm ln(512);
+    auto x = Tensor<float>(x0.detach().clone()).set_requires_grad();
+    auto y = ln(x);
+    y.backward(gy);
+    return std::vector<std::vector<float>>{to_vec<float>(y), to_vec<float>(x.grad()), to_vec<float>(ln.weight.grad()),
+                                           to_vec<float>(ln.bias.grad())};
+  };
+  const auto one = run(1), two = run(2), four = run(4);
+  REQUIRE(one == two);
+  REQUIRE(one == four);
+  // bias gradient = column sums of gy
+  const auto g = gy.to_double_vector();
+  for (int64_t j = 0; j < 512; j += 51) {
+    double s = 0;
+    for (int64_t r = 0; r < 333; ++r) s += g[static_cast<size_t>(r * 512 + j)];
+    REQUIRE(std::abs(one[3][static_cast<size_t>(j)] - s) < 1e-4);
+  }
+}
+
+TEST_CASE("layer_norm and rms_norm: bad inputs are errors naming the op, shapes and dtypes", "[fused][norm][errors]") {
+  auto x = Tensor<float>::randn({4, 6});
+  REQUIRE_THROWS_WITH(op::layer_norm(x, 6, Tensor<float>::ones({5})),
+                      Catch::Contains("layer_norm") && Catch::Contains("weight") && Catch::Contains("6 elements"));
+  REQUIRE_THROWS_AS(op::layer_norm(x, 6, Tensor<float>::ones({5})), ShapeError);
+  REQUIRE_THROWS_AS(op::layer_norm(x, 5), ShapeError);
+  REQUIRE_THROWS_WITH(op::layer_norm(x, 6, Tensor<double>::ones({6})),
+                      Catch::Contains("layer_norm") && Catch::Contains("dtype") && Catch::Contains("float32"));
+  REQUIRE_THROWS_AS(op::layer_norm(x, 6, Tensor<double>::ones({6})), DTypeError);
+  REQUIRE_THROWS_AS(op::layer_norm(x, 6, {}, {}, -1.0), ValueError);
+  REQUIRE_THROWS_AS(op::rms_norm(Tensor<int32_t>::zeros({2, 3}), 3), DTypeError);
+  REQUIRE_THROWS_WITH(nn::functional::rms_norm(x, {7}), Catch::Contains("rms_norm") && Catch::Contains("normalized_shape"));
+  REQUIRE_THROWS_AS(nn::RMSNorm(std::vector<int64_t>{}), ValueError);
+}
+
+// ---------------------------------------------------------------- CPU versus CUDA
+
+TEST_CASE("parity: fused layer_norm and rms_norm kernels, CPU versus CUDA", "[fused][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  const std::pair<int64_t, int64_t> shapes[] = {{7, 33}, {130, 1024}, {5, 3000}, {1, 1}, {64, 256}};
+  for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    const double tol = t == DType::Float64 ? 1e-10 : t == DType::Float32 ? 2e-5 : t == DType::Float16 ? 4e-3 : 3e-2;
+    for (const auto& [rows, cols] : shapes) {
+      for (bool rms : {false, true}) {
+        Generator gen(static_cast<uint64_t>(rows * 131 + cols));
+        AnyTensor x = Tensor<float>::randn({rows, cols}, Device::cpu(), 1.0, 2.0, gen).to(t);
+        AnyTensor w = Tensor<float>::randn({cols}, Device::cpu(), 1.0, 0.5, gen).to(t);
+        AnyTensor b = rms ? AnyTensor() : Tensor<float>::randn({cols}, Device::cpu(), 0.0, 0.5, gen).to(t);
+        AnyTensor gy = Tensor<float>::randn({rows, cols}, Device::cpu(), 0.0, 1.0, gen).to(t);
+        auto run = [&](Device d) {
+          AnyTensor xd = x.to(d).detach(), wd = w.to(d).detach(), bd = b.defined() ? b.to(d).detach() : AnyTensor();
+          xd.set_requires_grad(true);
+          wd.set_requires_grad(true);
+          if (bd.defined()) bd.set_requires_grad(true);
+          AnyTensor y = rms ? op::rms_norm(xd, cols, wd, 1e-5) : op::layer_norm(xd, cols, wd, bd, 1e-5);
+          y.backward(gy.to(d));
+          std::vector<std::vector<double>> out{y.to(Device::cpu()).to_double_vector(),
+                                               xd.grad().to(Device::cpu()).to_double_vector(),
+                                               wd.grad().to(Device::cpu()).to_double_vector()};
+          if (bd.defined()) out.push_back(bd.grad().to(Device::cpu()).to_double_vector());
+          return out;
+        };
+        auto c = run(Device::cpu()), g = run(Device::cuda(0));
+        INFO(dtype_name(t) << " " << rows << "x" << cols << " rms " << rms);
+        for (size_t k = 0; k < c.size(); ++k) {
+          // the parameter gradients sum over rows: scale the tolerance with them
+          const double scale = k >= 2 ? std::sqrt(static_cast<double>(rows)) : 1.0;
+          REQUIRE(max_rel_diff(g[k], c[k]) < tol * scale);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fused norms on a device: nn::LayerNorm on cuda:0 (pretend device in CI) equals the CPU", "[fused][norm]") {
+  testing::PretendGpu pretend;
+  if (!cuda::is_available()) {
+    std::cout << "SKIPPED: no cuda:0, real or pretend\n";
+    return;
+  }
+  Generator gen(9);
+  auto x = Tensor<float>::randn({6, 40}, Device::cpu(), 0.0, 1.0, gen);
+  nn::LayerNorm ln(40);
+  auto yc = ln(x).to_double_vector();
+  ln.to(Device::cuda(0));
+  auto xd = Tensor<float>(x.to(Device::cuda(0))).set_requires_grad();
+  auto yd = ln(xd);
+  REQUIRE(yd.device() == Device::cuda(0));
+  REQUIRE(max_rel_diff(yd.to(Device::cpu()).to_double_vector(), yc) < 2e-5);
+  sum(yd).backward();
+  REQUIRE(xd.grad().device() == Device::cuda(0));
+  REQUIRE(ln.weight.grad().device() == Device::cuda(0));
+  // d sum(y) / d bias = rows
+  for (double v : ln.bias.grad().to(Device::cpu()).to_double_vector()) REQUIRE(std::abs(v - 6.0) < 1e-5);
+}
+
+// ---------------------------------------------------------------- cross-entropy from logits
+
+namespace {
+
+// The composite path of cross_entropy (log_softmax + NLL), taken when the class weights require a
+// gradient: the reference for the fused kernel.
+AnyTensor composite_ce(const AnyTensor& x, const AnyTensor& target, const AnyTensor& weight, int64_t ignore,
+                       double smoothing, const std::string& red) {
+  AnyTensor w = weight.defined() ? weight.detach().clone() : AnyTensor::full({x.shape()[x.dim() >= 2 ? 1 : 0]}, 1.0,
+                                                                             x.dtype());
+  w.set_requires_grad(true);
+  return nn::functional::cross_entropy(Tensor<double>(x), target,
+                                       {.weight = w, .ignore_index = ignore, .label_smoothing = smoothing, .reduction = red});
+}
+
+}  // namespace
+
+TEST_CASE("cross_entropy fused: equals the composite for weights, ignore_index, label smoothing and reductions",
+          "[fused][loss]") {
+  Generator gen(31);
+  for (const Shape& xs : {Shape{6, 5}, Shape{3, 4, 2, 3}, Shape{7}}) {
+    const bool batched = xs.dim() >= 2;
+    const int64_t C = xs[batched ? 1 : 0];
+    std::vector<int64_t> tsv = xs.vec();
+    tsv.erase(tsv.begin() + (batched ? 1 : 0));
+    const Shape ts(tsv);
+    auto x = Tensor<double>::randn(xs, Device::cpu(), 0.0, 3.0, gen);
+    std::vector<int64_t> t(static_cast<size_t>(ts.numel()));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = (i % 4 == 1) ? -100 : static_cast<int64_t>((i * 7) % static_cast<size_t>(C));
+    if (t.size() == 1) t[0] = 2;
+    auto target = Tensor<int64_t>::from_vector(t, ts);
+    auto w = Tensor<double>::rand({C}, Device::cpu(), 0.5, 2.0, gen);
+    for (bool weighted : {false, true})
+      for (double sm : {0.0, 0.2})
+        for (const char* red : {"none", "sum", "mean"}) {
+          INFO(xs.str() << " weighted " << weighted << " smoothing " << sm << " " << red);
+          AnyTensor wa = weighted ? AnyTensor(w) : AnyTensor();
+          auto fused = nn::functional::cross_entropy(
+              x, target, {.weight = wa, .ignore_index = -100, .label_smoothing = sm, .reduction = red});
+          auto ref = composite_ce(x, target, wa, -100, sm, red);
+          REQUIRE(max_rel_diff(fused.to_double_vector(), ref.to_double_vector()) < 1e-12);
+          // float32 through the same kernel
+          auto f32 = nn::functional::cross_entropy(Tensor<float>(x.to(DType::Float32)), target,
+                                                   {.weight = weighted ? AnyTensor(w.to(DType::Float32)) : AnyTensor(),
+                                                    .label_smoothing = sm, .reduction = red});
+          REQUIRE(max_rel_diff(f32.to_double_vector(), ref.to_double_vector()) < 2e-5);
+        }
+  }
+  SECTION("every target ignored gives NaN and zero gradients") {
+    auto x = Tensor<float>::randn({4, 3}).set_requires_grad();
+    auto target = Tensor<int64_t>::full({4}, -100.0);
+    auto loss = nn::functional::cross_entropy(x, target);
+    REQUIRE(std::isnan(loss.item()));
+    loss.backward();
+    for (double g : x.grad().to_double_vector()) REQUIRE(g == 0.0);
+  }
+}
+
+TEST_CASE("cross_entropy fused gradients (gradcheck, float64): weights, ignore_index, smoothing, 4-d input",
+          "[fused][loss][grad]") {
+  auto target = Tensor<int64_t>::from_vector({0, 2, -100, 1, 3, 2}, {6});
+  auto w = Tensor<double>::from_vector({0.5, 1.0, 2.0, 1.5}, {4});
+  auto ce = [&](const std::vector<AnyTensor>& v) {
+    return AnyTensor(nn::functional::cross_entropy(Tensor<double>(v[0]), target,
+                                                   {.weight = w, .label_smoothing = 0.1}));
+  };
+  auto in = testing::random_inputs({{6, 4}}, 41, -3.0, 3.0);
+  CHECK_GRADIENTS(ce, in);
+  auto t4 = Tensor<int64_t>::from_vector({0, 1, 2, 1, 0, 2, 2, 2}, {2, 2, 2});
+  auto ce4 = [&](const std::vector<AnyTensor>& v) {
+    return AnyTensor(nn::functional::cross_entropy(Tensor<double>(v[0]), t4, {.reduction = "none"}));
+  };
+  auto in4 = testing::random_inputs({{2, 3, 2, 2}}, 42, -3.0, 3.0);
+  CHECK_GRADIENTS(ce4, in4);
+}
+
+TEST_CASE("cross_entropy fused: bad targets are errors naming the op, the target and the classes", "[fused][loss][errors]") {
+  auto x = Tensor<float>::randn({3, 4});
+  REQUIRE_THROWS_WITH(nn::functional::cross_entropy(x, Tensor<int64_t>::from_vector({0, 4, 1}, {3})),
+                      Catch::Contains("cross_entropy") && Catch::Contains("target 4 is out of bounds for 4 classes"));
+  REQUIRE_THROWS_AS(nn::functional::cross_entropy(x, Tensor<int64_t>::from_vector({0, -1, 1}, {3})), IndexError);
+  REQUIRE_THROWS_AS(nn::functional::cross_entropy(x, Tensor<int64_t>::zeros({4})), ShapeError);
+  REQUIRE_THROWS_AS(nn::functional::cross_entropy(x, Tensor<float>::zeros({3})), DTypeError);
+  REQUIRE_THROWS_AS(nn::functional::cross_entropy(x, Tensor<int64_t>::zeros({3}), {.weight = Tensor<float>::ones({3})}),
+                    ShapeError);
+}
+
+TEST_CASE("parity: fused cross_entropy, CPU versus CUDA", "[fused][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    const double tol = 3e-5;  // the loss is taken of the logits cast to fp32 on both sides
+    for (const auto& [rows, classes] : {std::pair<int64_t, int64_t>{37, 10}, {64, 3000}, {5, 50000}}) {
+      for (double sm : {0.0, 0.1}) {
+        Generator gen(static_cast<uint64_t>(rows + classes));
+        AnyTensor x = Tensor<float>::randn({rows, classes}, Device::cpu(), 0.0, 4.0, gen).to(t);
+        std::vector<int64_t> tv(static_cast<size_t>(rows));
+        for (int64_t i = 0; i < rows; ++i) tv[static_cast<size_t>(i)] = i % 5 == 3 ? -100 : (i * 13) % classes;
+        auto target = Tensor<int64_t>::from_vector(tv, {rows});
+        AnyTensor w = Tensor<float>::rand({classes}, Device::cpu(), 0.5, 2.0, gen);
+        auto run = [&](Device d) {
+          AnyTensor xd = x.to(d).detach();
+          xd.set_requires_grad(true);
+          auto loss = nn::functional::cross_entropy(Tensor<float>(xd.to(DType::Float32)), target.to(d),
+                                                    {.weight = w.to(d), .label_smoothing = sm});
+          loss.backward();
+          return std::vector<std::vector<double>>{loss.to(Device::cpu()).to_double_vector(),
+                                                  xd.grad().to(Device::cpu()).to_double_vector()};
+        };
+        auto c = run(Device::cpu()), g = run(Device::cuda(0));
+        INFO(dtype_name(t) << " " << rows << "x" << classes << " smoothing " << sm);
+        REQUIRE(max_rel_diff(g[0], c[0]) < tol);
+        REQUIRE(max_rel_diff(g[1], c[1]) < tol);
+      }
+    }
+  }
+}

@@ -108,6 +108,31 @@ struct PreprocessArgs {
   float inv_std[4] = {1, 1, 1, 1};
 };
 
+// Layer normalisation over the last axis of a contiguous [rows, cols] matrix (ops/norm.hpp):
+// y = (x - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps), var biased; RMSNorm when `rms`
+// (mean taken as 0: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), no bias). w and b are
+// [cols] of the same dtype, or null. mean and rstd are [rows] in the statistics type: double for
+// float64, float otherwise (mean is not written for rms and may be null).
+struct NormArgs {
+  DType dtype = DType::Float32;
+  int64_t rows = 0, cols = 0;
+  double eps = 1e-5;
+  bool rms = false;
+};
+
+// Cross-entropy from logits (nn/loss.hpp): x [rows, classes] (class dimension last, contiguous),
+// target int64 [rows], optional class weights w [classes] of x's dtype. Forward writes, per row,
+// loss (x's dtype: -(1-eps) w[y] logp[y] - (eps/C) sum_c w[c] logp[c], 0 where y == ignore_index),
+// the weight of the row's target wt (0 where ignored; for the mean's divisor) and the row's
+// log-sum-exp lse (statistics type: double for float64, else float). No probabilities are stored;
+// backward recomputes them from lse. Targets are already validated (in [0, classes) or ignored).
+struct CrossEntropyArgs {
+  DType dtype = DType::Float32;
+  int64_t rows = 0, classes = 0;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -167,6 +192,20 @@ class Backend {
   virtual void softmax(DType t, const void* x, void* y, int64_t rows, int64_t cols, bool log) = 0;
   virtual void softmax_backward(DType t, const void* y, const void* gy, void* gx, int64_t rows, int64_t cols,
                                 bool log) = 0;
+
+  // Fused layer norm / RMSNorm (NormArgs): one pass over x per direction. Backward: gx always;
+  // gw = sum over rows of gy * xhat and gb = sum over rows of gy when non-null (overwritten),
+  // xhat = (x - mean) * rstd recomputed from the saved statistics.
+  virtual void norm_forward(const NormArgs& a, const void* x, const void* w, const void* b, void* y, void* mean,
+                            void* rstd) = 0;
+  virtual void norm_backward(const NormArgs& a, const void* x, const void* w, const void* mean, const void* rstd,
+                             const void* gy, void* gx, void* gw, void* gb) = 0;
+
+  // Fused cross-entropy (CrossEntropyArgs). Backward: gx = gloss[i] * d loss_i / d x (overwrites).
+  virtual void cross_entropy_forward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
+                                     void* loss, void* lse, void* wt) = 0;
+  virtual void cross_entropy_backward(const CrossEntropyArgs& a, const void* x, const int64_t* target,
+                                      const void* w, const void* lse, const void* gloss, void* gx) = 0;
 
   // index_select on the middle axis of [outer, src_n, inner]: out[o, j, i] = x[o, idx[j], i].
   // Indices are int64 and already validated.

@@ -197,6 +197,88 @@ inline AnyTensor nll_core(const char* op, const AnyTensor& logp, const AnyTensor
   }
   return loss;
 }
+// Cross-entropy of logits `x` (compute type, [N, C, d1, ...] or [C]) in one fused kernel per
+// direction (Backend::cross_entropy_forward/backward): the log-sum-exp and the picked and smoothed
+// terms per row, without the [M, C] log-probabilities of nll_core. Same checks, formula, mean's
+// divisor and all-ignored NaN as nll_core. The class weights get no gradient here (the caller uses
+// nll_core when they require one).
+inline AnyTensor cross_entropy_fused(const AnyTensor& x, const AnyTensor& input, const AnyTensor& target,
+                                     const AnyTensor& weight_in, int64_t ignore_index, double eps, Reduction red) {
+  const char* op = "cross_entropy";
+  op::detail::check_defined(op, target, "target");
+  op::detail::check_same_device(op, input, target);
+  EMBER_CHECK(target.dtype() == DType::Int64 || target.dtype() == DType::Int32, DTypeError, op,
+              ": target must hold class indices as int64 (or int32), got ", target.desc());
+  const bool batched = input.dim() >= 2;
+  const int64_t C = input.shape()[batched ? 1 : 0];
+  EMBER_CHECK(C > 0, ShapeError, op, ": input ", input.desc(), " has no classes");
+  std::vector<int64_t> ts = input.shape().vec();
+  ts.erase(ts.begin() + (batched ? 1 : 0));
+  const Shape tshape(ts);
+  EMBER_CHECK(target.shape() == tshape, ShapeError, op, ": target ", target.desc(), " does not match input ",
+              input.desc(), " (expected target shape ", tshape.str(), ")");
+  const DType cdt = x.dtype();
+  const Device dev = x.device();
+  AnyTensor weight = optional_weight(op, "weight", weight_in, input, cdt);
+  if (weight.defined()) {
+    EMBER_CHECK(weight.shape() == Shape{C}, ShapeError, op, ": weight ", weight_in.desc(), " must be [", C,
+                "] (one per class) for input ", input.desc());
+    weight = weight.detach();
+  }
+  const int64_t M = tshape.numel();
+  AnyTensor lp = x;  // class dimension last: [M, C]
+  if (!batched) {
+    lp = lp.reshape(Shape{1, C});
+  } else if (x.dim() > 2) {
+    std::vector<int> perm{0};
+    for (int i = 2; i < x.dim(); ++i) perm.push_back(i);
+    perm.push_back(1);
+    lp = op::permute(x, perm);
+  }
+  lp = lp.reshape(Shape{M, C});
+  AnyTensor tgt = target.detach().to(DType::Int64).reshape(Shape{M});
+  if (M > 0) {  // bounds of the non-ignored targets, in one host read
+    AnyTensor valid = op::ne(tgt, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
+    AnyTensor safe = op::where(valid, tgt, AnyTensor::zeros(Shape{}, DType::Int64, dev));
+    auto mm = op::concat({op::min(safe).reshape(Shape{1}), op::max(safe).reshape(Shape{1})}).to_double_vector();
+    const int64_t lo = static_cast<int64_t>(mm[0]), hi = static_cast<int64_t>(mm[1]);
+    EMBER_CHECK(lo >= 0 && hi < C, IndexError, op, ": target ", lo < 0 ? lo : hi, " is out of bounds for ", C,
+                " classes (input ", input.desc(), ", ignore_index ", ignore_index, ")");
+  }
+  AnyTensor loss = AnyTensor::empty(Shape{M}, cdt, dev);
+  AnyTensor wt = AnyTensor::empty(Shape{M}, cdt, dev);
+  AnyTensor lse = AnyTensor::empty(Shape{M}, cdt == DType::Float64 ? DType::Float64 : DType::Float32, dev);
+  const CrossEntropyArgs a{cdt, M, C, ignore_index, eps};
+  auto ptr = [](const AnyTensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
+  if (M > 0)
+    lp.backend().cross_entropy_forward(a, lp.data_ptr(), static_cast<const int64_t*>(tgt.data_ptr()), ptr(weight),
+                                       loss.data_ptr(), lse.data_ptr(), wt.data_ptr());
+  if (autograd::any_requires_grad({lp})) {
+    AnyTensor sx = lp.detach();
+    autograd::record("cross_entropy", {lp}, {loss}, [sx, tgt, weight, lse, a](const std::vector<AnyTensor>& g) {
+      AnyTensor gx = AnyTensor::empty(sx.shape(), sx.dtype(), sx.device());
+      if (a.rows > 0)
+        sx.backend().cross_entropy_backward(a, sx.data_ptr(), static_cast<const int64_t*>(tgt.data_ptr()),
+                                            weight.defined() ? weight.data_ptr() : nullptr, lse.data_ptr(),
+                                            g[0].data_ptr(), gx.data_ptr());
+      return std::vector<AnyTensor>{gx};
+    });
+  }
+  switch (red) {
+    case Reduction::None: return loss.reshape(tshape);
+    case Reduction::Sum: return op::sum(loss);
+    case Reduction::Mean: {  // as nll_core: sum / total weight, NaN (no gradient) when every target is ignored
+      AnyTensor total = op::sum(wt);
+      AnyTensor zero = AnyTensor::zeros(Shape{}, cdt, dev);
+      AnyTensor is_zero = op::eq(total, zero);
+      AnyTensor safe_total = op::where(is_zero, AnyTensor::full(Shape{}, 1.0, cdt, dev), total);
+      AnyTensor mean = op::div(op::sum(loss), safe_total);
+      AnyTensor nan_if_empty = op::where(is_zero, AnyTensor::full(Shape{}, std::nan(""), cdt, dev), zero);
+      return op::add(mean, nan_if_empty);
+    }
+  }
+  return loss;
+}
 }  // namespace detail
 
 namespace functional {
@@ -271,6 +353,10 @@ Tensor<compute_t<T>> cross_entropy(const Tensor<T>& input, const AnyTensor& targ
   op::detail::check_defined("cross_entropy", input);
   EMBER_CHECK(input.dim() >= 1, ShapeError, "cross_entropy: input must be [C] or [N, C, ...], got ", input.desc());
   AnyTensor x = detail::to_compute(input);
+  // The fused kernel, unless the class weights themselves need a gradient.
+  if (!(opt.weight.defined() && opt.weight.requires_grad()))
+    return Tensor<compute_t<T>>(detail::cross_entropy_fused(x, input, target, opt.weight, opt.ignore_index,
+                                                            opt.label_smoothing, red));
   AnyTensor lp = op::log_softmax(x, input.dim() >= 2 ? 1 : 0);
   return Tensor<compute_t<T>>(detail::nll_core("cross_entropy", lp, input, target, opt.weight, opt.ignore_index,
                                                opt.label_smoothing, red));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ember/nn/init.hpp"
+#include "ember/ops/norm.hpp"
 #include "ember/nn/module.hpp"
 
 namespace ember::nn {
@@ -32,6 +33,12 @@ Tensor<T> layer_norm(const Tensor<T>& x, const std::vector<int64_t>& normalized_
   for (int i = 0; ok && i < k; ++i) ok = x.shape()[x.dim() - k + i] == normalized_shape[static_cast<size_t>(i)];
   EMBER_CHECK(ok, ShapeError, "layer_norm: input ", x.desc(), " does not end in normalized_shape ",
               Shape(normalized_shape).str());
+  // The fused kernel (ops/norm.hpp) when the parameters have the input's dtype; otherwise (fp16
+  // activations with fp32 parameters) the composite below, in the compute type.
+  int64_t cols = 1;
+  for (int64_t d : normalized_shape) cols *= d;
+  if ((!weight.defined() || weight.dtype() == x.dtype()) && (!bias.defined() || bias.dtype() == x.dtype()))
+    return Tensor<T>(op::layer_norm(x, cols, weight, bias, eps));
   std::vector<int> dims;
   for (int i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
   Tensor<C> xc = x.template to<C>();
@@ -42,6 +49,31 @@ Tensor<T> layer_norm(const Tensor<T>& x, const std::vector<int64_t>& normalized_
   if (weight.defined()) y = y * param_as<C>(weight);
   if (bias.defined()) y = y + param_as<C>(bias);
   return y.template to<T>();
+}
+
+// x / sqrt(mean(x^2) + eps) over the trailing normalized_shape dimensions, then * weight (optional,
+// of shape normalized_shape); torch.nn.functional.rms_norm. eps < 0 means the dtype's epsilon, as
+// PyTorch's eps=None. Fused (ops/norm.hpp); the weight is used as the input's type.
+template <Element T>
+  requires std::is_floating_point_v<compute_t<T>>
+Tensor<T> rms_norm(const Tensor<T>& x, const std::vector<int64_t>& normalized_shape, const AnyTensor& weight = {},
+                   double eps = -1.0) {
+  op::detail::check_defined("rms_norm", x);
+  const int k = static_cast<int>(normalized_shape.size());
+  EMBER_CHECK(k >= 1, ValueError, "rms_norm: normalized_shape must have at least one dimension");
+  bool ok = x.dim() >= k;
+  for (int i = 0; ok && i < k; ++i) ok = x.shape()[x.dim() - k + i] == normalized_shape[static_cast<size_t>(i)];
+  EMBER_CHECK(ok, ShapeError, "rms_norm: input ", x.desc(), " does not end in normalized_shape ",
+              Shape(normalized_shape).str());
+  int64_t cols = 1;
+  for (int64_t d : normalized_shape) cols *= d;
+  if (eps < 0)  // torch.finfo(dtype).eps
+    eps = dtype_of<T> == DType::Float64   ? 2.220446049250313e-16
+          : dtype_of<T> == DType::Float32 ? 1.1920928955078125e-07
+          : dtype_of<T> == DType::Float16 ? 0.0009765625
+                                          : 0.0078125;
+  AnyTensor w = weight.defined() ? AnyTensor(param_as<T>(weight)) : AnyTensor();
+  return Tensor<T>(op::rms_norm(x, cols, w, eps));
 }
 }  // namespace functional
 
@@ -77,6 +109,41 @@ class LayerNorm : public ModuleBase<LayerNorm> {
   const std::vector<int64_t>& normalized_shape() const { return shape_; }
   double eps() const { return eps_; }
   AnyTensor weight, bias;  // undefined when not learnable
+
+ private:
+  std::vector<int64_t> shape_;
+  double eps_;
+};
+
+// torch.nn.RMSNorm: weight (ones) over the trailing normalized_shape; eps < 0 (the default) means
+// the input dtype's epsilon, as PyTorch's eps=None.
+struct RMSNormOptions {
+  double eps = -1.0;
+  bool elementwise_affine = true;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+class RMSNorm : public ModuleBase<RMSNorm> {
+ public:
+  explicit RMSNorm(std::vector<int64_t> normalized_shape, RMSNormOptions opt = {})
+      : shape_(std::move(normalized_shape)), eps_(opt.eps) {
+    EMBER_CHECK(!shape_.empty(), ValueError, "RMSNorm: normalized_shape must have at least one dimension");
+    for (int64_t d : shape_) EMBER_CHECK(d > 0, ValueError, "RMSNorm: normalized_shape ", Shape(shape_).str(),
+                                         " must be positive");
+    if (opt.elementwise_affine) weight = register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, opt.dtype, opt.device));
+  }
+  explicit RMSNorm(int64_t normalized_dim, RMSNormOptions opt = {}) : RMSNorm(std::vector<int64_t>{normalized_dim}, opt) {}
+  std::string type_name() const override { return "RMSNorm"; }
+
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    return functional::rms_norm(x, shape_, weight, eps_);
+  }
+
+  const std::vector<int64_t>& normalized_shape() const { return shape_; }
+  double eps() const { return eps_; }
+  AnyTensor weight;  // undefined when not learnable
 
  private:
   std::vector<int64_t> shape_;

@@ -5,6 +5,7 @@
 #include "ember/ops/elementwise.hpp"
 #include "ember/ops/index.hpp"
 #include "ember/ops/linalg.hpp"
+#include "ember/ops/norm.hpp"
 #include "ember/ops/pool.hpp"
 #include "ember/ops/reduce.hpp"
 #include "ember/ops/shape.hpp"

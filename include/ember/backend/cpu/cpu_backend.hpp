@@ -7,6 +7,8 @@
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
 #include "ember/backend/cpu/index.hpp"
+#include "ember/backend/cpu/loss.hpp"
+#include "ember/backend/cpu/norm.hpp"
 #include "ember/backend/cpu/preprocess.hpp"
 #include "ember/backend/cpu/reduce.hpp"
 
@@ -113,6 +115,59 @@ class CpuBackend : public Backend {
     dispatch_dtype(t, [&](auto tag) {
       using T = decltype(tag);
       cpu::softmax_backward(static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols, log);
+    });
+  }
+  void norm_forward(const NormArgs& a, const void* x, const void* w, const void* b, void* y, void* mean,
+                    void* rstd) override {
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<compute_t<T>>) {
+        using S = cpu::norm_stat_t<T>;
+        cpu::norm_forward<T>(a, static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
+                             static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd));
+      } else {
+        throw DTypeError(std::string("layer_norm: floating types only, got ") + dtype_name(a.dtype));
+      }
+    });
+  }
+  void norm_backward(const NormArgs& a, const void* x, const void* w, const void* mean, const void* rstd,
+                     const void* gy, void* gx, void* gw, void* gb) override {
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<compute_t<T>>) {
+        using S = cpu::norm_stat_t<T>;
+        cpu::norm_backward<T>(a, static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const S*>(mean),
+                              static_cast<const S*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx),
+                              static_cast<T*>(gw), static_cast<T*>(gb));
+      } else {
+        throw DTypeError(std::string("layer_norm backward: floating types only, got ") + dtype_name(a.dtype));
+      }
+    });
+  }
+  void cross_entropy_forward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
+                             void* loss, void* lse, void* wt) override {
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<compute_t<T>>) {
+        cpu::cross_entropy_forward<T>(a, static_cast<const T*>(x), target, static_cast<const T*>(w),
+                                      static_cast<T*>(loss), static_cast<cpu::norm_stat_t<T>*>(lse),
+                                      static_cast<T*>(wt));
+      } else {
+        throw DTypeError(std::string("cross_entropy: floating types only, got ") + dtype_name(a.dtype));
+      }
+    });
+  }
+  void cross_entropy_backward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
+                              const void* lse, const void* gloss, void* gx) override {
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<compute_t<T>>) {
+        cpu::cross_entropy_backward<T>(a, static_cast<const T*>(x), target, static_cast<const T*>(w),
+                                       static_cast<const cpu::norm_stat_t<T>*>(lse), static_cast<const T*>(gloss),
+                                       static_cast<T*>(gx));
+      } else {
+        throw DTypeError(std::string("cross_entropy backward: floating types only, got ") + dtype_name(a.dtype));
+      }
     });
   }
   void index_select(DType t, const void* x, const int64_t* idx, void* out, int64_t outer, int64_t src_n,

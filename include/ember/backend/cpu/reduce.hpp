@@ -1,11 +1,63 @@
 #pragma once
 // CPU reference kernels for reductions and the softmax family.
+//
+// Threaded over independent outputs (rows, columns) with parallel_for: each output is computed
+// by one thread in the serial order, so results do not depend on the thread count. A reduction
+// to a single value over many elements is split into fixed blocks of kReduceBlock elements whose
+// partial sums are added in order (the split depends on the size only, never on the threads).
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "ember/backend/cpu/elementwise.hpp"
 
 namespace ember::cpu {
+
+inline constexpr int64_t kReduceBlock = 1 << 16;
+
+namespace detail {
+
+// exp for float, branch-free so that the compiler vectorises loops over it: exp(x) = 2^k exp(r),
+// k = round(x / ln 2), r = x - k ln 2 (two-part ln 2), exp(r) by a degree-6 polynomial (the
+// classic Cephes expf coefficients); within 2 ulp of std::exp over the whole range, exactly 0 below
+// -87.34 and inf above 88.72, NaN for NaN.
+inline float fast_expf(float x) {
+  const float xc = x < -87.336544f ? -87.336544f : (x > 88.7228f ? 88.7228f : x);
+  const float t = xc * 1.44269504088896341f;
+  const int ki = static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f));
+  const float k = static_cast<float>(ki);
+  const float r = (xc - k * 0.693359375f) - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^k by building the exponent; k in [-126, 128): split in two factors so that 2^128 (x near
+  // 88.72) does not overflow the exponent field.
+  const int k1 = ki / 2, k2 = ki - k1;
+  uint32_t b1 = static_cast<uint32_t>(k1 + 127) << 23, b2 = static_cast<uint32_t>(k2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, sizeof s1);
+  std::memcpy(&s2, &b2, sizeof s2);
+  float y = p * s1 * s2;
+  y = x < -87.336544f ? 0.0f : y;
+  y = x > 88.7228f ? std::numeric_limits<float>::infinity() : y;
+  return x != x ? x : y;
+}
+
+template <class C>
+inline C vexp(C x) {
+  if constexpr (std::is_same_v<C, float>) {
+    return fast_expf(x);
+  } else {
+    return math::exp_(x);
+  }
+}
+
+}  // namespace detail
 
 // Accumulation type: double for every floating type on the CPU (the reference backend favours
 // accuracy), double for integers too.
@@ -18,8 +70,10 @@ void reduce(ReduceOp op, const T* x, void* out_raw, int64_t outer, int64_t n, in
   if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
     int64_t* out = static_cast<int64_t*>(out_raw);
     const bool is_max = op == ReduceOp::ArgMax;
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t i = 0; i < inner; ++i) {
+    parallel_for(0, outer * inner, std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(n, 1)),
+                 [&](int64_t lo, int64_t hi) {
+      for (int64_t oi = lo; oi < hi; ++oi) {
+        const int64_t o = oi / inner, i = oi % inner;
         const T* p = x + o * n * inner + i;
         int64_t best = 0;
         C bv = static_cast<C>(p[0]);
@@ -32,40 +86,66 @@ void reduce(ReduceOp op, const T* x, void* out_raw, int64_t outer, int64_t n, in
         }
         out[o * inner + i] = best;
       }
+    });
     return;
   }
   T* out = static_cast<T*>(out_raw);
   if (op == ReduceOp::Sum || op == ReduceOp::Mean) {
     const double scale = op == ReduceOp::Mean ? 1.0 / static_cast<double>(n) : 1.0;
-    if (inner == 1) {
-      for (int64_t o = 0; o < outer; ++o) {
-        const T* p = x + o * n;
-        // Eight independent partial sums: the adds of one pass do not wait on each other (and
-        // the compiler may use vector registers), while the result stays deterministic.
-        double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8)
-          for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(static_cast<C>(p[j + k]));
-        double acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        for (; j < n; ++j) acc += static_cast<double>(static_cast<C>(p[j]));
-        out[o] = from_calc<T>(static_cast<C>(acc * scale));
-      }
+    // Eight independent partial sums: the adds of one pass do not wait on each other (and the
+    // compiler may use vector registers), while the result stays deterministic.
+    auto sum_run = [](const T* p, int64_t len) {
+      double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t j = 0;
+      for (; j + 8 <= len; j += 8)
+        for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(static_cast<C>(p[j + k]));
+      double acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+      for (; j < len; ++j) acc += static_cast<double>(static_cast<C>(p[j]));
+      return acc;
+    };
+    if (inner == 1 && outer == 1 && n > kReduceBlock) {
+      // One long sum: fixed blocks (threads take whole blocks), partials added in order.
+      const int64_t blocks = (n + kReduceBlock - 1) / kReduceBlock;
+      std::vector<double> part(static_cast<size_t>(blocks));
+      parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t b = lo; b < hi; ++b)
+          part[static_cast<size_t>(b)] = sum_run(x + b * kReduceBlock, std::min(kReduceBlock, n - b * kReduceBlock));
+      });
+      double acc = 0;
+      for (double v : part) acc += v;
+      out[0] = from_calc<T>(static_cast<C>(acc * scale));
+    } else if (inner == 1) {
+      parallel_for(0, outer, std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(n, 1)),
+                   [&](int64_t lo, int64_t hi) {
+        for (int64_t o = lo; o < hi; ++o) out[o] = from_calc<T>(static_cast<C>(sum_run(x + o * n, n) * scale));
+      });
     } else {
-      std::vector<double> acc(static_cast<size_t>(inner));
-      for (int64_t o = 0; o < outer; ++o) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j < n; ++j) {
-          const T* p = x + (o * n + j) * inner;
-          for (int64_t i = 0; i < inner; ++i) acc[static_cast<size_t>(i)] += static_cast<double>(static_cast<C>(p[i]));
+      // Columns of [outer, n, inner]: threads take (o, column block) pairs; each column is summed
+      // over j in order.
+      constexpr int64_t kCols = 256;
+      const int64_t col_blocks = (inner + kCols - 1) / kCols;
+      parallel_for(0, outer * col_blocks, std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(n * kCols, 1)),
+                   [&](int64_t lo, int64_t hi) {
+        double acc[kCols];
+        for (int64_t ob = lo; ob < hi; ++ob) {
+          const int64_t o = ob / col_blocks, c0 = (ob % col_blocks) * kCols;
+          const int64_t w = std::min(kCols, inner - c0);
+          std::fill(acc, acc + w, 0.0);
+          for (int64_t j = 0; j < n; ++j) {
+            const T* p = x + (o * n + j) * inner + c0;
+            for (int64_t i = 0; i < w; ++i) acc[i] += static_cast<double>(static_cast<C>(p[i]));
+          }
+          for (int64_t i = 0; i < w; ++i) out[o * inner + c0 + i] = from_calc<T>(static_cast<C>(acc[i] * scale));
         }
-        for (int64_t i = 0; i < inner; ++i) out[o * inner + i] = from_calc<T>(static_cast<C>(acc[static_cast<size_t>(i)] * scale));
-      }
+      });
     }
     return;
   }
   const bool is_max = op == ReduceOp::Max;
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t i = 0; i < inner; ++i) {
+  parallel_for(0, outer * inner, std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(n, 1)),
+               [&](int64_t lo, int64_t hi) {
+    for (int64_t oi = lo; oi < hi; ++oi) {
+      const int64_t o = oi / inner, i = oi % inner;
       const T* p = x + o * n * inner + i;
       C best = static_cast<C>(p[0]);
       for (int64_t j = 1; j < n; ++j) {
@@ -75,17 +155,43 @@ void reduce(ReduceOp op, const T* x, void* out_raw, int64_t outer, int64_t n, in
       }
       out[o * inner + i] = from_calc<T>(best);
     }
+  });
 }
 
+// Softmax over rows, threaded over rows. fp32: the exponentials by detail::fast_expf (vectorised;
+// within 2 ulp of expf, so the last bits differ from the scalar loop), sums in fp32 lanes and
+// the row maximum, exp and the scaling each one vectorised loop over the row (which is in cache:
+// the row is read from memory once). fp64 keeps std::exp and double sums; fp16/bf16 compute in fp32.
 template <class T>
-void softmax(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+void softmax_rows(const T* x, T* y, int64_t r, int64_t cols, bool log) {
   using C = calc_t<T>;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
-    C mx = -std::numeric_limits<C>::infinity();
-    for (int64_t c = 0; c < cols; ++c) mx = static_cast<C>(xr[c]) > mx ? static_cast<C>(xr[c]) : mx;
-    if (mx == -std::numeric_limits<C>::infinity()) mx = C(0);  // a row of -inf gives nan like PyTorch
+  const T* xr = x + r * cols;
+  T* yr = y + r * cols;
+  C mx = -std::numeric_limits<C>::infinity();
+  for (int64_t c = 0; c < cols; ++c) {
+    const C v = static_cast<C>(xr[c]);
+    mx = v > mx ? v : mx;
+  }
+  if (mx == -std::numeric_limits<C>::infinity()) mx = C(0);  // a row of -inf gives nan like PyTorch
+  if constexpr (std::is_same_v<T, float>) {
+    float sum = 0.0f;
+    if (log) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < cols; ++c) sum += detail::fast_expf(xr[c] - mx);
+      const float lse = std::log(sum);
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mx) - lse;
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float e = detail::fast_expf(xr[c] - mx);
+        yr[c] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    }
+    return;
+  } else {
     double sum = 0;
     if (log) {
       for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(math::exp_(static_cast<C>(xr[c]) - mx));
@@ -100,31 +206,54 @@ void softmax(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
       C inv = static_cast<C>(1.0 / sum);
       for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
     } else {  // 16-bit outputs: keep the exponentials in fp32 until the final rounding
-      for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(math::exp_(static_cast<C>(xr[c]) - mx));
+      for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(detail::vexp(static_cast<C>(xr[c]) - mx));
       C inv = static_cast<C>(1.0 / sum);
-      for (int64_t c = 0; c < cols; ++c) yr[c] = from_calc<T>(math::exp_(static_cast<C>(xr[c]) - mx) * inv);
+      for (int64_t c = 0; c < cols; ++c) yr[c] = from_calc<T>(detail::vexp(static_cast<C>(xr[c]) - mx) * inv);
     }
   }
 }
 
 template <class T>
+void softmax(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+  parallel_for(0, rows, std::max<int64_t>(1, kGrainTranscendental / std::max<int64_t>(cols, 1)),
+               [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) softmax_rows(x, y, r, cols, log);
+  });
+}
+
+template <class T>
 void softmax_backward(const T* y, const T* gy, T* gx, int64_t rows, int64_t cols, bool log) {
   using C = calc_t<T>;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* yr = y + r * cols;
-    const T* gr = gy + r * cols;
-    T* out = gx + r * cols;
-    double dot = 0;
-    if (log) {
-      for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(static_cast<C>(gr[c]));
-      for (int64_t c = 0; c < cols; ++c)
-        out[c] = from_calc<T>(static_cast<C>(gr[c]) - math::exp_(static_cast<C>(yr[c])) * static_cast<C>(dot));
-    } else {
-      for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(static_cast<C>(gr[c])) * static_cast<C>(yr[c]);
-      for (int64_t c = 0; c < cols; ++c)
-        out[c] = from_calc<T>(static_cast<C>(yr[c]) * (static_cast<C>(gr[c]) - static_cast<C>(dot)));
+  parallel_for(0, rows, row_grain(cols), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* yr = y + r * cols;
+      const T* gr = gy + r * cols;
+      T* out = gx + r * cols;
+      if constexpr (std::is_same_v<T, float>) {
+        float dot = 0.0f;
+        if (log) {
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = 0; c < cols; ++c) dot += gr[c];
+          for (int64_t c = 0; c < cols; ++c) out[c] = gr[c] - detail::fast_expf(yr[c]) * dot;
+        } else {
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = 0; c < cols; ++c) dot += gr[c] * yr[c];
+          for (int64_t c = 0; c < cols; ++c) out[c] = yr[c] * (gr[c] - dot);
+        }
+      } else {
+        double dot = 0;
+        if (log) {
+          for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(static_cast<C>(gr[c]));
+          for (int64_t c = 0; c < cols; ++c)
+            out[c] = from_calc<T>(static_cast<C>(gr[c]) - math::exp_(static_cast<C>(yr[c])) * static_cast<C>(dot));
+        } else {
+          for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(static_cast<C>(gr[c])) * static_cast<C>(yr[c]);
+          for (int64_t c = 0; c < cols; ++c)
+            out[c] = from_calc<T>(static_cast<C>(yr[c]) * (static_cast<C>(gr[c]) - static_cast<C>(dot)));
+        }
+      }
     }
-  }
+  });
 }
 
 }  // namespace ember::cpu

@@ -22,6 +22,8 @@
 #include "ember/backend/cuda/kernels/preprocess.cuh"
 #include "ember/backend/cuda/kernels/reduce.cuh"
 #include "ember/backend/cuda/kernels/softmax.cuh"
+#include "ember/backend/cuda/kernels/norm.cuh"
+#include "ember/backend/cuda/kernels/cross_entropy.cuh"
 #include "ember/backend/cuda/runtime.hpp"
 
 namespace ember::cuda_impl {
@@ -519,6 +521,109 @@ class CudaBackend final : public Backend {
       else
         softmax_backward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(
             static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols, log);
+      EMBER_CUDA_CHECK_LAUNCH();
+    });
+  }
+
+  // ---- fused layer norm / RMSNorm (kernels/norm.cuh)
+  void norm_forward(const NormArgs& a, const void* x, const void* w, const void* b, void* y, void* mean,
+                    void* rstd) override {
+    dispatch_floating(a.dtype, a.rms ? "rms_norm" : "layer_norm", device_, [&](auto tag) {
+      using T = decltype(tag);
+      using S = norm_stat_t<T>;
+      if (a.rows <= 0 || a.cols <= 0) return;
+      Guard g(device_);
+      const SoftmaxLaunch l = softmax_launch(a.rows, a.cols, sm_count_);
+      const T* xt = static_cast<const T*>(x);
+      const T* wt = static_cast<const T*>(w);
+      const T* bt = static_cast<const T*>(b);
+      T* yt = static_cast<T*>(y);
+      S* mt = static_cast<S*>(mean);
+      S* rt = static_cast<S*>(rstd);
+      if (l.block_per_row)
+        norm_forward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(xt, wt, bt, yt, mt, rt, a.rows, a.cols, a.eps,
+                                                                        a.rms);
+      else
+        norm_forward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(xt, wt, bt, yt, mt, rt, a.rows, a.cols, a.eps,
+                                                                         a.rms);
+      EMBER_CUDA_CHECK_LAUNCH();
+    });
+  }
+  void norm_backward(const NormArgs& a, const void* x, const void* w, const void* mean, const void* rstd,
+                     const void* gy, void* gx, void* gw, void* gb) override {
+    dispatch_floating(a.dtype, a.rms ? "rms_norm_backward" : "layer_norm_backward", device_, [&](auto tag) {
+      using T = decltype(tag);
+      using S = norm_stat_t<T>;
+      if (a.cols <= 0) return;
+      Guard g(device_);
+      if (a.rows > 0) {
+        const SoftmaxLaunch l = softmax_launch(a.rows, a.cols, sm_count_);
+        const T* xt = static_cast<const T*>(x);
+        const T* wt = static_cast<const T*>(w);
+        const S* mt = static_cast<const S*>(mean);
+        const S* rt = static_cast<const S*>(rstd);
+        const T* gyt = static_cast<const T*>(gy);
+        T* gxt = static_cast<T*>(gx);
+        if (l.block_per_row)
+          norm_backward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(xt, wt, mt, rt, gyt, gxt, a.rows, a.cols,
+                                                                           a.rms);
+        else
+          norm_backward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(xt, wt, mt, rt, gyt, gxt, a.rows, a.cols,
+                                                                            a.rms);
+        EMBER_CUDA_CHECK_LAUNCH();
+      }
+      if (gw || gb) {
+        const unsigned blocks = static_cast<unsigned>((a.cols + kNormColThreads - 1) / kNormColThreads);
+        norm_param_grad_kernel<T><<<blocks, dim3(kNormColThreads, kNormRowPhases), 0, stream_>>>(
+            static_cast<const T*>(x), static_cast<const S*>(mean), static_cast<const S*>(rstd),
+            static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), a.rows, a.cols, a.rms);
+        EMBER_CUDA_CHECK_LAUNCH();
+      }
+    });
+  }
+
+  // ---- fused cross-entropy (kernels/cross_entropy.cuh)
+  void cross_entropy_forward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
+                             void* loss, void* lse, void* wt) override {
+    dispatch_floating(a.dtype, "cross_entropy", device_, [&](auto tag) {
+      using T = decltype(tag);
+      using S = norm_stat_t<T>;
+      if (a.rows <= 0 || a.classes <= 0) return;
+      Guard g(device_);
+      const SoftmaxLaunch l = softmax_launch(a.rows, a.classes, sm_count_);
+      const T* xt = static_cast<const T*>(x);
+      const T* wt_ = static_cast<const T*>(w);
+      T* lt = static_cast<T*>(loss);
+      S* st = static_cast<S*>(lse);
+      T* wo = static_cast<T*>(wt);
+      if (l.block_per_row)
+        cross_entropy_forward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(
+            xt, target, wt_, lt, st, wo, a.rows, a.classes, a.ignore_index, a.label_smoothing);
+      else
+        cross_entropy_forward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(
+            xt, target, wt_, lt, st, wo, a.rows, a.classes, a.ignore_index, a.label_smoothing);
+      EMBER_CUDA_CHECK_LAUNCH();
+    });
+  }
+  void cross_entropy_backward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
+                              const void* lse, const void* gloss, void* gx) override {
+    dispatch_floating(a.dtype, "cross_entropy_backward", device_, [&](auto tag) {
+      using T = decltype(tag);
+      using S = norm_stat_t<T>;
+      if (a.rows <= 0 || a.classes <= 0) return;
+      Guard g(device_);
+      const SoftmaxLaunch l = softmax_launch(a.rows, a.classes, sm_count_);
+      const T* xt = static_cast<const T*>(x);
+      const T* wt_ = static_cast<const T*>(w);
+      const S* st = static_cast<const S*>(lse);
+      const T* gl = static_cast<const T*>(gloss);
+      T* gxt = static_cast<T*>(gx);
+      if (l.block_per_row)
+        cross_entropy_backward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(
+            xt, target, wt_, st, gl, gxt, a.rows, a.classes, a.ignore_index, a.label_smoothing);
+      else
+        cross_entropy_backward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(
+            xt, target, wt_, st, gl, gxt, a.rows, a.classes, a.ignore_index, a.label_smoothing);
       EMBER_CUDA_CHECK_LAUNCH();
     });
   }
