@@ -126,7 +126,7 @@ inline bool in_parallel_region() {
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
   if (end <= begin) return;
-  const int64_t n = end - begin;
+  [[maybe_unused]] const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);
 #if defined(_OPENMP)
   const int threads = get_num_threads();
