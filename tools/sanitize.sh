@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The CPU test suite under the sanitizers (issue 14):
+#   bash tools/sanitize.sh asan  [ctest -R regex]  every CPU test area built with AddressSanitizer +
+#                                                  UndefinedBehaviorSanitizer (-fno-sanitize-recover:
+#                                                  the first report fails the test), then ctest
+#   bash tools/sanitize.sh tsan  [ctest -R regex]  the threaded test areas under ThreadSanitizer
+#                                                  (OPENBLAS_NUM_THREADS=1: OpenBLAS's own threads are
+#                                                  not instrumented)
+# Build folders: build-asan, build-tsan (EMBER_SANITIZE_BUILD_DIR overrides). CPU only (the CUDA
+# runtime is not instrumented and there is no GPU here), no examples, benchmarks, header or
+# package tests: those compile the same headers, and the examples' ctest entries would train
+# for minutes at sanitizer speed. Threads for the build: EMBER_JOBS (default 2).
+# Suppressions (tools/sanitize/*.supp) name third-party libraries only, never ember.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mode=${1:-}
+shift || true
+regex=${1:-}
+jobs=${EMBER_JOBS:-2}
+python=/root/.cache/ember/venv/bin/python
+[[ -x $python ]] || python=$(command -v python3)
+
+# The test areas that start threads: ThreadProcessGroup ranks, the data loader's workers, the
+# asynchronous checkpoint writer, the device monitor's sampler, the profiler across threads, the
+# Trainer's cancel token, and two trainings at once (test_threads).
+tsan_areas=(test_threads test_data_loader test_data_parallel test_checkpoint_manager test_device_monitor
+            test_profiler test_trainer)
+
+case $mode in
+  asan)
+    build=${EMBER_SANITIZE_BUILD_DIR:-build-asan}
+    flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
+    targets=()  # every test area
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tools/sanitize/lsan.supp}
+    ;;
+  tsan)
+    build=${EMBER_SANITIZE_BUILD_DIR:-build-tsan}
+    flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
+    targets=()
+    for area in "${tsan_areas[@]}"; do
+      [[ -f tests/$area.cpp ]] && targets+=("$area")
+    done
+    # Uninstrumented thread pools would give false reports: OpenBLAS and OpenMP on one thread.
+    export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tools/sanitize/tsan.supp}
+    ;;
+  *)
+    echo "usage: bash tools/sanitize.sh asan|tsan [ctest -R regex]" >&2
+    exit 2
+    ;;
+esac
+
+start=$SECONDS
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=OFF -DEMBER_MPI=OFF \
+  -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCHMARKS=OFF -DEMBER_HEADER_TESTS=OFF -DEMBER_PACKAGE_TESTS=OFF \
+  "-DEMBER_PYTHON=$python" "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$flags" \
+  "-DCMAKE_SHARED_LINKER_FLAGS=$flags" >"$build.configure.log" 2>&1 || {
+  cat "$build.configure.log"
+  exit 1
+}
+if ((${#targets[@]})); then
+  cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+  # ctest only the areas built (their labels are their names).
+  label=$(IFS='|'; echo "^(${targets[*]})\$")
+  ctest_args=(-L "$label")
+else
+  cmake --build "$build" -j"$jobs"
+  ctest_args=()
+fi
+built=$((SECONDS - start))
+[[ -n $regex ]] && ctest_args+=(-R "$regex")
+status=0
+ctest --test-dir "$build" --output-on-failure -j"$jobs" "${ctest_args[@]}" || status=$?
+echo "sanitize $mode: $( ((status == 0)) && echo clean || echo FAILED ); build ${built}s, total $((SECONDS - start))s"
+exit "$status"
