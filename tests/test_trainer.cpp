@@ -275,6 +275,12 @@ TEST_CASE("Trainer resumes bitwise from a step checkpoint", "[trainer]") {
   REQUIRE(param_bytes(*second.s.model) == param_bytes(*full.s.model));
   REQUIRE(second.result.final_metrics == full.result.final_metrics);
   REQUIRE(default_generator().offset() > 0);
+  // The same with save_async: fit waits for the background write before it returns.
+  ResumeRun first_async(tmp.path / "b", 5, {.every_steps = 5, .save_async = true});
+  REQUIRE(train::CheckpointManager(tmp.path / "b").verify(5).empty());
+  ResumeRun second_async(tmp.path / "b", 0, {.every_steps = 5, .save_async = true});
+  REQUIRE(second_async.result.start_step == 5);
+  REQUIRE(param_bytes(*second_async.s.model) == param_bytes(*full.s.model));
 }
 
 TEST_CASE("Trainer resumes bitwise from an epoch checkpoint", "[trainer]") {
