@@ -28,6 +28,16 @@
 //   throws DistributedError naming the op, the tensor, the rank and the timeout. MPI cannot cancel
 //   a collective: after a timeout the group (and MPI) is unusable; report and exit (the process
 //   then skips MPI_Finalize, which would wait for the lost peer forever).
+// - MpiOptions::abort_on_timeout (default on; EMBER_DIST_ABORT_ON_TIMEOUT=0 turns the default
+//   off): instead of throwing the timeout's DistributedError, wait() prints it to stderr and calls
+//   MPI_Abort(MPI_COMM_WORLD, kTimeoutAbortStatus), so the launcher tears the whole job down (a
+//   rank that merely exits leaves mpirun waiting for a cut-off host). Off: the program catches
+//   the DistributedError and must exit itself.
+// - MPI_Finalize at exit only when no MpiProcessGroup is alive any more: a rank that calls
+//   std::exit (or returns from main) while a group it made still exists leaves without
+//   finalising, so Open MPI ends the job at once with its status. (MPI_Finalize there would wait
+//   for the other ranks, which wait for it in a collective: the job would hang until the timeout.)
+//   Destroy the groups before a normal end (a local in main is).
 // - ReduceOp::Avg is a sum followed by a division by size() (integer dtypes: truncated toward 0).
 // - float16/bfloat16 reductions run in float32: the group converts into a float32 temporary,
 //   reduces that with MPI_FLOAT and converts back when the Work completes (one rounding, at the
@@ -42,6 +52,7 @@
 // - The tensors of an asynchronous collective must not be written until its Work completed (with
 //   the communication thread MPI reads them when the thread reaches the collective, not at the call).
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -67,11 +78,15 @@
 namespace ember::dist {
 
 inline constexpr bool kHaveMpi = true;
+// The exit status of a job that a rank aborted after a collective timed out
+// (MpiOptions::abort_on_timeout): EX_TEMPFAIL of <sysexits.h>, "try again later" (restart the job
+// from its last checkpoint), distinct from a crash (134, 137) and from a plain failure (1).
+inline constexpr int kTimeoutAbortStatus = 75;
 
 namespace detail {
 
 // MPI's lifetime in this process: initialised on first use (unless the program did it), finalised
-// at exit when ember initialised it and no collective was lost to a failure.
+// at exit when ember initialised it, no collective was lost to a failure and no group is alive.
 class MpiRuntime {
  public:
   static MpiRuntime& instance() {
@@ -84,11 +99,19 @@ class MpiRuntime {
   void poison() { poisoned_.store(true); }
   bool poisoned() const { return poisoned_.load(); }
   std::mutex& mutex() { return mu_; }
+  // MpiProcessGroups alive now (constructor / destructor).
+  void group_created() { live_groups_.fetch_add(1); }
+  void group_destroyed() { live_groups_.fetch_sub(1); }
+  int live_groups() const { return live_groups_.load(); }
 
+  // Runs at exit (std::exit or the end of main). A group still alive means the program is leaving
+  // in the middle of its work, with peers that may be waiting for it in a collective: MPI_Finalize
+  // would block until they reach it (never, if they wait in an all_reduce: until their timeout).
+  // Leaving without it lets the launcher see this rank end and end the job with its status.
   ~MpiRuntime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (we_initialised_ && !finalized && !poisoned_.load()) MPI_Finalize();
+    if (we_initialised_ && !finalized && !poisoned_.load() && live_groups_.load() == 0) MPI_Finalize();
   }
 
  private:
@@ -119,8 +142,20 @@ class MpiRuntime {
   int provided_ = MPI_THREAD_SINGLE;
   bool we_initialised_ = false;
   std::atomic<bool> poisoned_{false};
+  std::atomic<int> live_groups_{0};
   std::mutex mu_;
 };
+
+// The default of MpiOptions::abort_on_timeout: EMBER_DIST_ABORT_ON_TIMEOUT (0 or 1) when set and
+// not empty, else on. Another value is a ValueError naming the variable.
+inline bool default_abort_on_timeout() {
+  const char* v = std::getenv("EMBER_DIST_ABORT_ON_TIMEOUT");
+  if (!v || !*v) return true;
+  const std::string s(v);
+  EMBER_CHECK(s == "0" || s == "1", ValueError, "EMBER_DIST_ABORT_ON_TIMEOUT='", s,
+              "' must be 0 or 1 (the default of MpiOptions::abort_on_timeout)");
+  return s == "1";
+}
 
 // Locks the runtime's mutex only when MPI is not MPI_THREAD_MULTIPLE.
 class MpiLock {
@@ -355,8 +390,10 @@ class MpiCommThread {
 // passed since the wait began.
 class MpiWork : public Work {
  public:
-  MpiWork(std::string what, int rank, std::chrono::milliseconds timeout, std::shared_ptr<detail::MpiCommThread> comm)
-      : p_(std::make_shared<detail::MpiPending>()), timeout_(timeout), comm_(std::move(comm)) {
+  MpiWork(std::string what, int rank, std::chrono::milliseconds timeout, std::shared_ptr<detail::MpiCommThread> comm,
+          bool abort_on_timeout = false)
+      : p_(std::make_shared<detail::MpiPending>()), timeout_(timeout), comm_(std::move(comm)),
+        abort_on_timeout_(abort_on_timeout) {
     p_->what = std::move(what);
     p_->rank = rank;
   }
@@ -404,10 +441,12 @@ class MpiWork : public Work {
     if (s == detail::MpiPending::kDone) return;
     if (s == detail::MpiPending::kFailed) throw DistributedError(p_->error);
     detail::MpiRuntime::instance().poison();
-    throw DistributedError(::ember::detail::str_cat(
+    std::string message = ::ember::detail::str_cat(
         "MPI ", p_->what, ": rank ", p_->rank, " timed out after ", timeout_.count(),
         " ms waiting for the other ranks (ProcessGroupOptions::timeout); a peer failed, exited or "
-        "skipped this collective. The process group is unusable now."));
+        "skipped this collective. The process group is unusable now.");
+    if (abort_on_timeout_) abort_job(message);
+    throw DistributedError(message);
   }
 
   // ---- set-up by MpiProcessGroup, before start() ----
@@ -436,7 +475,22 @@ class MpiWork : public Work {
   std::shared_ptr<detail::MpiPending> p_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<detail::MpiCommThread> comm_;
+  bool abort_on_timeout_ = false;
   bool started_ = false;
+
+  // MpiOptions::abort_on_timeout: say why on stderr (the launcher shows it), then end the job.
+  [[noreturn]] static void abort_job(const std::string& message) {
+    std::fprintf(stderr,
+                 "ember: DistributedError: %s\nember: aborting the MPI job with status %d "
+                 "(MpiOptions::abort_on_timeout; EMBER_DIST_ABORT_ON_TIMEOUT=0 to handle the error instead)\n",
+                 message.c_str(), kTimeoutAbortStatus);
+    std::fflush(stderr);
+    {
+      detail::MpiLock lock;  // serialised MPI: no other call of ours runs at the same time
+      MPI_Abort(MPI_COMM_WORLD, kTimeoutAbortStatus);
+    }
+    std::_Exit(kTimeoutAbortStatus);  // MPI_Abort does not return; should it, end this rank anyway
+  }
 };
 
 struct MpiOptions : ProcessGroupOptions {
@@ -445,6 +499,10 @@ struct MpiOptions : ProcessGroupOptions {
   // MPI_THREAD_MULTIPLE (the program may then call MPI from any thread); otherwise, or when
   // false, the collectives are non-blocking MPI calls that the waiting caller drives.
   bool comm_thread = true;
+  // When a collective times out, print the DistributedError and MPI_Abort the whole job with
+  // kTimeoutAbortStatus instead of throwing (see the header comment). Default on
+  // (EMBER_DIST_ABORT_ON_TIMEOUT=0: off); set false in programs that catch the error themselves.
+  bool abort_on_timeout = detail::default_abort_on_timeout();
 
   MpiOptions() = default;
   MpiOptions(const ProcessGroupOptions& base) : ProcessGroupOptions(base) {}  // NOLINT: widening is lossless
@@ -464,12 +522,14 @@ class MpiProcessGroup : public ProcessGroup {
     }
     if (options_.comm_thread && !rt.serialized())
       comm_thread_ = std::make_shared<detail::MpiCommThread>(options_.timeout);
+    rt.group_created();  // constructed: the destructor runs from here on
   }
 
   MpiProcessGroup(const MpiProcessGroup&) = delete;
   MpiProcessGroup& operator=(const MpiProcessGroup&) = delete;
 
   ~MpiProcessGroup() override {
+    detail::MpiRuntime::instance().group_destroyed();
     comm_thread_.reset();  // runs what is queued (bounded by the timeout), then joins
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -669,7 +729,8 @@ class MpiProcessGroup : public ProcessGroup {
   }
 
   std::shared_ptr<MpiWork> make_work(std::string what) const {
-    return std::make_shared<MpiWork>(std::move(what), rank_, options_.timeout, comm_thread_);
+    return std::make_shared<MpiWork>(std::move(what), rank_, options_.timeout, comm_thread_,
+                                     options_.abort_on_timeout);
   }
 
   MpiOptions options_;

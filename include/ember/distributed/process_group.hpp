@@ -6,11 +6,15 @@
 // return a Work handle to wait on (GPU work is ordered on streams with events: no host sync).
 // Every wait has a deadline (ProcessGroupOptions::timeout): a peer that fails or vanishes
 // becomes an ember::DistributedError on the ranks that wait for it, never a silent hang.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "ember/core/error.hpp"
 #include "ember/core/tensor.hpp"
 
 namespace ember::dist {
@@ -26,9 +30,28 @@ inline const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+// The default of ProcessGroupOptions::timeout: the environment variable EMBER_DIST_TIMEOUT_S
+// (seconds, fractions allowed, > 0) when it is set and not empty, else 300 s. 300 s because the
+// deadline must outlast the longest legitimate wait of one rank for the others: rank 0 writing a
+// checkpoint or evaluating alone, a first step that compiles or autotunes, a data-loading stall;
+// shorter kills healthy jobs, longer wastes a whole allocation on a dead peer (see
+// docs/distributed.md). Read when the options are made, so a launcher can set it per job
+// (`mpirun -x EMBER_DIST_TIMEOUT_S=60`). A malformed value is a ValueError naming the variable.
+inline std::chrono::milliseconds default_timeout() {
+  const char* v = std::getenv("EMBER_DIST_TIMEOUT_S");
+  if (!v || !*v) return std::chrono::minutes(5);
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  EMBER_CHECK(end && *end == '\0' && std::isfinite(s) && s > 0 && s <= 1e9, ValueError,
+              "EMBER_DIST_TIMEOUT_S='", v, "' is not a number of seconds in (0, 1e9] (the default ",
+              "ProcessGroupOptions::timeout)");
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::llround(s * 1000.0))));
+}
+
 struct ProcessGroupOptions {
   // How long a collective may wait for the other ranks before it raises DistributedError.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Default: default_timeout() (EMBER_DIST_TIMEOUT_S, else 5 minutes).
+  std::chrono::milliseconds timeout{default_timeout()};
 };
 
 // A pending collective. wait() blocks until it completes (or throws DistributedError on failure
