@@ -15,6 +15,7 @@
 #include "ember/nn/init.hpp"
 #include "ember/ops/norm.hpp"
 #include "ember/nn/module.hpp"
+#include "ember/ops/batch_norm.hpp"
 
 namespace ember::nn {
 
@@ -205,6 +206,11 @@ class BatchNormBase : public ModuleBase<Derived> {
       const int64_t n = x.numel() / num_features_;
       EMBER_CHECK(!this->is_training() || n > 1, ValueError, name_,
                   ": expected more than 1 value per channel when training, got input ", x.desc());
+      if (op::batch_norm_fused_applies(x, weight, bias)) {  // fp32/fp64 on the CPU: one fused op
+        op::BatchNormOutput r = op::batch_norm_train(x, weight, bias, opt_.eps);
+        if (this->is_training() && opt_.track_running_stats) update_running_stats(r.mean, r.var, n);
+        return Tensor<T>(r.y);
+      }
       Tensor<C> mu = mean(xc, dims, true);
       Tensor<C> d = xc - mu;
       Tensor<C> var = mean(square(d), dims, true);

@@ -1,42 +1,73 @@
 #pragma once
-// CPU reference convolution (im2col + GEMM) and pooling kernels, NCHW layout.
+// CPU convolution, NCHW. Two paths, chosen per call by conv2d_forward / conv2d_backward_input /
+// conv2d_backward_weight (the CPU backend's kernel-table entries; the rule and its measurement
+// are at the end of this file and in docs/performance-conv.md):
+//   - oneDNN (backend/cpu/onednn.hpp) for fp32 at more than one thread, when the build found it
+//     (EMBER_HAVE_ONEDNN);
+//   - im2col + GEMM (OpenBLAS sgemm/dgemm through gemm.hpp) otherwise: one thread, double
+//     (gradient checks), half and bfloat16 (widened by the GEMM), builds without oneDNN, and any
+//     problem oneDNN refuses. Images go through in chunks whose columns fit in the L2 cache; within a chunk the
+//     im2col / col2im / copies are split over images with parallel_for, and the one GEMM per chunk
+//     and group is threaded by the BLAS itself (a BLAS call from inside our threads would start a
+//     second team on top of ours).
+// Every path overwrites its output (y, gx, gw).
 #include <algorithm>
-#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
-#include "ember/backend/pool_math.hpp"
+#include "ember/backend/cpu/onednn.hpp"
+#include "ember/backend/cpu/parallel.hpp"
 
 namespace ember::cpu {
 
-// cols[(c*kh + i)*kw + j][oy*ow + ox] = x[c][oy*sh - ph + i*dh][ox*sw - pw + j*dw] (0 outside).
+// cols[((c*kh + i)*kw + j)*ld + oy*ow + ox] = x[c][oy*sh - ph + i*dh][ox*sw - pw + j*dw] (0 outside):
+// one image's columns, row k of them ld elements after row k-1 (ld = L for one image alone,
+// nb*L when a chunk's images sit side by side).
 template <class T>
-void im2col(const T* x, T* cols, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a) {
-  const int64_t L = a.out_h * a.out_w;
+void im2col(const T* x, T* cols, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a, int64_t ld) {
   for (int64_t ci = 0; ci < c; ++ci)
     for (int64_t i = 0; i < a.kh; ++i)
       for (int64_t j = 0; j < a.kw; ++j) {
-        T* row = cols + ((ci * a.kh + i) * a.kw + j) * L;
+        T* row = cols + ((ci * a.kh + i) * a.kw + j) * ld;
+        // Output columns whose input column lies inside the image: ox in [x_lo, x_hi).
+        const int64_t off = j * a.dil_w - a.pad_w;
+        int64_t x_lo = off >= 0 ? 0 : (-off + a.stride_w - 1) / a.stride_w;
+        int64_t x_hi = w - off <= 0 ? 0 : (w - off + a.stride_w - 1) / a.stride_w;
+        x_lo = std::min(x_lo, a.out_w);
+        x_hi = std::clamp(x_hi, x_lo, a.out_w);
         for (int64_t oy = 0; oy < a.out_h; ++oy) {
+          T* r = row + oy * a.out_w;
           const int64_t iy = oy * a.stride_h - a.pad_h + i * a.dil_h;
-          for (int64_t ox = 0; ox < a.out_w; ++ox) {
-            const int64_t ix = ox * a.stride_w - a.pad_w + j * a.dil_w;
-            row[oy * a.out_w + ox] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[(ci * h + iy) * w + ix] : T(0);
+          if (iy < 0 || iy >= h) {
+            std::fill(r, r + a.out_w, T(0));
+            continue;
           }
+          const T* xr = x + (ci * h + iy) * w;
+          std::fill(r, r + x_lo, T(0));
+          if (a.stride_w == 1)
+            std::copy(xr + x_lo + off, xr + x_hi + off, r + x_lo);
+          else
+            for (int64_t ox = x_lo; ox < x_hi; ++ox) r[ox] = xr[ox * a.stride_w + off];
+          std::fill(r + x_hi, r + a.out_w, T(0));
         }
       }
 }
 
+template <class T>
+void im2col(const T* x, T* cols, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a) {
+  im2col(x, cols, c, h, w, a, a.out_h * a.out_w);
+}
+
 // The adjoint of im2col: x[c][iy][ix] += cols[...] (x initialised by the caller).
 template <class T>
-void col2im(const T* cols, T* x, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a) {
+void col2im(const T* cols, T* x, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a, int64_t ld) {
   using C = calc_t<T>;
-  const int64_t L = a.out_h * a.out_w;
   for (int64_t ci = 0; ci < c; ++ci)
     for (int64_t i = 0; i < a.kh; ++i)
       for (int64_t j = 0; j < a.kw; ++j) {
-        const T* row = cols + ((ci * a.kh + i) * a.kw + j) * L;
+        const T* row = cols + ((ci * a.kh + i) * a.kw + j) * ld;
         for (int64_t oy = 0; oy < a.out_h; ++oy) {
           const int64_t iy = oy * a.stride_h - a.pad_h + i * a.dil_h;
           if (iy < 0 || iy >= h) continue;
@@ -48,6 +79,11 @@ void col2im(const T* cols, T* x, int64_t c, int64_t h, int64_t w, const Conv2dAr
           }
         }
       }
+}
+
+template <class T>
+void col2im(const T* cols, T* x, int64_t c, int64_t h, int64_t w, const Conv2dArgs& a) {
+  col2im(cols, x, c, h, w, a, a.out_h * a.out_w);
 }
 
 template <class T>
@@ -76,10 +112,12 @@ inline GemmArgs gemm_args(DType t, bool ta, bool tb, int64_t m, int64_t n, int64
   return g;
 }
 
-// Images are processed in chunks: the im2col columns of a whole chunk sit side by side, so each
-// group does one large GEMM per chunk instead of one small GEMM per image (BLAS is far more
-// efficient on the large one). A chunk's columns are kept under kConvChunkBytes.
-inline constexpr int64_t kConvChunkBytes = int64_t{32} << 20;
+// Images are processed in chunks: the im2col columns of a chunk sit side by side, so each group
+// does one GEMM per chunk instead of one small GEMM per image. A chunk's columns are kept under
+// kConvChunkBytes, about half of a Zen/Skylake core's L2, so that im2col writes them and the GEMM
+// reads them from cache; the chunk boundaries depend only on the shape (never on the thread
+// count), so every path gives the same bits at any thread count.
+inline constexpr int64_t kConvChunkBytes = int64_t{1} << 20;
 
 template <class T>
 int64_t conv_chunk(const Conv2dArgs& a, int64_t K, int64_t L) {
@@ -90,32 +128,37 @@ int64_t conv_chunk(const Conv2dArgs& a, int64_t K, int64_t L) {
 // cols [K, nb*L] for images [n0, n0+nb) of group gr: image b's columns at offset b*L.
 template <class T>
 void im2col_chunk(const Conv2dArgs& a, const T* x, int64_t n0, int64_t nb, int64_t gr, const ConvGeometry<T>& g,
-                  std::vector<T>& cols, std::vector<T>& tmp) {
-  for (int64_t b = 0; b < nb; ++b) {
-    im2col(x + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, tmp.data(), g.cin_g, a.h, a.w, a);
-    for (int64_t k = 0; k < g.K; ++k)
-      std::copy(tmp.begin() + k * g.L, tmp.begin() + (k + 1) * g.L, cols.begin() + k * nb * g.L + b * g.L);
-  }
+                  std::vector<T>& cols) {
+  parallel_for(0, nb, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b)
+      im2col(x + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, cols.data() + b * g.L, g.cin_g, a.h, a.w, a,
+             nb * g.L);
+  });
 }
 
 // y[n, co, oy, ox] = sum_{ci, i, j} w[co, ci, i, j] x[n, g*cin_g + ci, ...] (no bias).
 template <class T>
-void conv2d_forward(const Conv2dArgs& a, const T* x, const T* w, T* y) {
+void im2col_conv2d_forward(const Conv2dArgs& a, const T* x, const T* w, T* y) {
   ConvGeometry<T> g(a);
   const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), tmp(static_cast<size_t>(g.K * g.L)),
-      out(static_cast<size_t>(g.cout_g * g.L * chunk));
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), out(static_cast<size_t>(g.cout_g * g.L * chunk));
   for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
     const int64_t nb = std::min(chunk, a.n - n0);
     for (int64_t gr = 0; gr < a.groups; ++gr) {
-      im2col_chunk(a, x, n0, nb, gr, g, cols, tmp);
+      im2col_chunk(a, x, n0, nb, gr, g, cols);
       // out [cout_g, nb*L] = W_g [cout_g, K] @ cols [K, nb*L]
+      T* dst = out.data();
+      if (nb == 1) dst = y + (n0 * a.c_out + gr * g.cout_g) * g.L;  // one image: already y's layout
       gemm(gemm_args(a.dtype, false, false, g.cout_g, nb * g.L, g.K, w + gr * g.cout_g * g.K, g.K, cols.data(),
-                     nb * g.L, out.data(), nb * g.L, 0.0));
-      for (int64_t b = 0; b < nb; ++b)
-        for (int64_t co = 0; co < g.cout_g; ++co)
+                     nb * g.L, dst, nb * g.L, 0.0));
+      if (dst != out.data()) continue;
+      parallel_for(0, nb * g.cout_g, row_grain(g.L), [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const int64_t b = r / g.cout_g, co = r % g.cout_g;
           std::copy(out.begin() + co * nb * g.L + b * g.L, out.begin() + co * nb * g.L + (b + 1) * g.L,
                     y + ((n0 + b) * a.c_out + gr * g.cout_g + co) * g.L);
+        }
+      });
     }
   }
 }
@@ -124,19 +167,20 @@ void conv2d_forward(const Conv2dArgs& a, const T* x, const T* w, T* y) {
 template <class T>
 void gather_gy(const Conv2dArgs& a, const T* gy, int64_t n0, int64_t nb, int64_t gr, const ConvGeometry<T>& g,
                std::vector<T>& out) {
-  for (int64_t b = 0; b < nb; ++b)
-    for (int64_t co = 0; co < g.cout_g; ++co) {
+  parallel_for(0, nb * g.cout_g, row_grain(g.L), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t b = r / g.cout_g, co = r % g.cout_g;
       const T* src = gy + ((n0 + b) * a.c_out + gr * g.cout_g + co) * g.L;
       std::copy(src, src + g.L, out.begin() + co * nb * g.L + b * g.L);
     }
+  });
 }
 
 template <class T>
-void conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, T* gx) {
+void im2col_conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, T* gx) {
   ConvGeometry<T> g(a);
   const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk)),
-      tmp(static_cast<size_t>(g.K * g.L));
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk));
   fill(gx, a.n * a.c_in * a.h * a.w, 0.0);
   for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
     const int64_t nb = std::min(chunk, a.n - n0);
@@ -145,27 +189,25 @@ void conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, T* gx) 
       // cols [K, nb*L] = W_g^T [K, cout_g] @ gy_g [cout_g, nb*L]
       gemm(gemm_args(a.dtype, true, false, g.K, nb * g.L, g.cout_g, w + gr * g.cout_g * g.K, g.K, gyc.data(),
                      nb * g.L, cols.data(), nb * g.L, 0.0));
-      for (int64_t b = 0; b < nb; ++b) {
-        for (int64_t k = 0; k < g.K; ++k)
-          std::copy(cols.begin() + k * nb * g.L + b * g.L, cols.begin() + k * nb * g.L + (b + 1) * g.L,
-                    tmp.begin() + k * g.L);
-        col2im(tmp.data(), gx + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, g.cin_g, a.h, a.w, a);
-      }
+      parallel_for(0, nb, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t b = lo; b < hi; ++b)
+          col2im(cols.data() + b * g.L, gx + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, g.cin_g, a.h, a.w, a,
+                 nb * g.L);
+      });
     }
   }
 }
 
 template <class T>
-void conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw) {
+void im2col_conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw) {
   ConvGeometry<T> g(a);
   const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk)),
-      tmp(static_cast<size_t>(g.K * g.L));
+  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk));
   if (a.n == 0) fill(gw, a.c_out * g.K, 0.0);
   for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
     const int64_t nb = std::min(chunk, a.n - n0);
     for (int64_t gr = 0; gr < a.groups; ++gr) {
-      im2col_chunk(a, x, n0, nb, gr, g, cols, tmp);
+      im2col_chunk(a, x, n0, nb, gr, g, cols);
       gather_gy(a, gy, n0, nb, gr, g, gyc);
       // gW_g [cout_g, K] (+)= gy_g [cout_g, nb*L] @ cols^T [nb*L, K]
       gemm(gemm_args(a.dtype, false, true, g.cout_g, g.K, nb * g.L, gyc.data(), nb * g.L, cols.data(), nb * g.L,
@@ -174,88 +216,34 @@ void conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw)
   }
 }
 
+// The kernel-table entries. Chosen by measurement on the CNN shapes of issue 13 (one interleaved
+// run, docs/performance-conv.md): at one thread ember's im2col + GEMM beat oneDNN in five of six
+// shape/direction pairs (not the first layer's backward-weight, left on im2col for one simple
+// rule); at two threads oneDNN on ember's plain layouts (its gemm:jit convolutions) beat both
+// im2col + GEMM and oneDNN's blocked layouts in all six. So: fp32 with more than one thread goes
+// to oneDNN (Layouts::Plain) where it is built in and takes the problem, everything else to
+// im2col + GEMM.
+inline bool conv_prefers_onednn() { return onednn::available() && get_num_threads() > 1; }
+
 template <class T>
-void max_pool2d_forward(const Pool2dArgs& p, const T* x, T* y, int64_t* indices) {
-  using C = calc_t<T>;
-  for (int64_t nc = 0; nc < p.n * p.c; ++nc) {
-    const T* xp = x + nc * p.h * p.w;
-    for (int64_t oy = 0; oy < p.out_h; ++oy)
-      for (int64_t ox = 0; ox < p.out_w; ++ox) {
-        int64_t y0, y1, x0, x1;
-        pool_math::window(p, true, oy, y0, y1);
-        pool_math::window(p, false, ox, x0, x1);
-        C best = -std::numeric_limits<C>::infinity();
-        int64_t arg = -1;
-        for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
-          for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix) {
-            C v = static_cast<C>(xp[iy * p.w + ix]);
-            // The first maximum wins; a nan wins over numbers and then stays (torch's rule).
-            if (arg < 0 || (!math::isnan_(best) && (v > best || math::isnan_(v)))) {
-              best = v;
-              arg = iy * p.w + ix;
-            }
-          }
-        const int64_t o = nc * p.out_h * p.out_w + oy * p.out_w + ox;
-        y[o] = from_calc<T>(best);
-        indices[o] = arg;
-      }
-  }
+void conv2d_forward(const Conv2dArgs& a, const T* x, const T* w, T* y) {
+  if constexpr (std::is_same_v<T, float>)
+    if (conv_prefers_onednn() && onednn::conv2d_forward(a, x, w, y, onednn::Layouts::Plain)) return;
+  im2col_conv2d_forward(a, x, w, y);
 }
 
 template <class T>
-void max_pool2d_backward(const Pool2dArgs& p, const T* gy, const int64_t* indices, T* gx) {
-  using C = calc_t<T>;
-  fill(gx, p.n * p.c * p.h * p.w, 0.0);
-  const int64_t L = p.out_h * p.out_w;
-  for (int64_t nc = 0; nc < p.n * p.c; ++nc)
-    for (int64_t o = 0; o < L; ++o) {
-      const int64_t i = indices[nc * L + o];
-      if (i < 0) continue;
-      T& d = gx[nc * p.h * p.w + i];
-      d = from_calc<T>(static_cast<C>(d) + static_cast<C>(gy[nc * L + o]));
-    }
+void conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, T* gx) {
+  if constexpr (std::is_same_v<T, float>)
+    if (conv_prefers_onednn() && onednn::conv2d_backward_input(a, gy, w, gx, onednn::Layouts::Plain)) return;
+  im2col_conv2d_backward_input(a, gy, w, gx);
 }
 
 template <class T>
-void avg_pool2d_forward(const Pool2dArgs& p, const T* x, T* y) {
-  using C = calc_t<T>;
-  for (int64_t nc = 0; nc < p.n * p.c; ++nc) {
-    const T* xp = x + nc * p.h * p.w;
-    for (int64_t oy = 0; oy < p.out_h; ++oy)
-      for (int64_t ox = 0; ox < p.out_w; ++ox) {
-        int64_t y0, y1, x0, x1;
-        pool_math::window(p, true, oy, y0, y1);
-        pool_math::window(p, false, ox, x0, x1);
-        double s = 0;
-        for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
-          for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix)
-            s += static_cast<double>(static_cast<C>(xp[iy * p.w + ix]));
-        y[nc * p.out_h * p.out_w + oy * p.out_w + ox] =
-            from_calc<T>(static_cast<C>(s / static_cast<double>(pool_math::avg_divisor(p, y0, y1, x0, x1))));
-      }
-  }
-}
-
-template <class T>
-void avg_pool2d_backward(const Pool2dArgs& p, const T* gy, T* gx) {
-  using C = calc_t<T>;
-  fill(gx, p.n * p.c * p.h * p.w, 0.0);
-  for (int64_t nc = 0; nc < p.n * p.c; ++nc) {
-    T* gp = gx + nc * p.h * p.w;
-    for (int64_t oy = 0; oy < p.out_h; ++oy)
-      for (int64_t ox = 0; ox < p.out_w; ++ox) {
-        int64_t y0, y1, x0, x1;
-        pool_math::window(p, true, oy, y0, y1);
-        pool_math::window(p, false, ox, x0, x1);
-        const C g = static_cast<C>(gy[nc * p.out_h * p.out_w + oy * p.out_w + ox]) /
-                    static_cast<C>(pool_math::avg_divisor(p, y0, y1, x0, x1));
-        for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
-          for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix) {
-            T& d = gp[iy * p.w + ix];
-            d = from_calc<T>(static_cast<C>(d) + g);
-          }
-      }
-  }
+void conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw) {
+  if constexpr (std::is_same_v<T, float>)
+    if (conv_prefers_onednn() && onednn::conv2d_backward_weight(a, x, gy, gw, onednn::Layouts::Plain)) return;
+  im2col_conv2d_backward_weight(a, x, gy, gw);
 }
 
 }  // namespace ember::cpu

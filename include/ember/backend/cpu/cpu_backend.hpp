@@ -7,6 +7,7 @@
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
 #include "ember/backend/cpu/index.hpp"
+#include "ember/backend/cpu/pool.hpp"
 #include "ember/backend/cpu/loss.hpp"
 #include "ember/backend/cpu/norm.hpp"
 #include "ember/backend/cpu/preprocess.hpp"

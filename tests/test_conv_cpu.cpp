@@ -1,0 +1,554 @@
+// The CPU convolution paths (oneDNN in both layouts when built in, im2col + GEMM, and the
+// dispatch between them), the threaded pooling kernels and
+// the fused CPU batch norm, against direct loops in double and against each other at 1 and 2
+// threads. Tolerances: fp32 paths within 2e-5 * (1 + sum of |terms|) of the double reference (the
+// bound of a float dot product of that many terms, with margin); fp64 im2col within 1e-12 of it.
+// Thread counts: pooling and batch norm give the same bits at 1 and 2 threads (their work splits
+// never change an element's arithmetic), and so does ember's own threading of im2col + GEMM (shown
+// with OpenBLAS held at 1 thread: OpenBLAS's threaded GEMM itself changes the last bits); oneDNN's
+// forward and backward-input keep the bits (both layouts), its backward-weight is held to the fp32
+// tolerance.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <ember/backend/cpu/batch_norm.hpp>
+#include <ember/backend/cpu/conv.hpp>
+#include <ember/backend/cpu/onednn.hpp>
+#include <ember/backend/cpu/pool.hpp>
+#include <ember/ops/batch_norm.hpp>
+
+#include "gradcheck.hpp"
+
+using namespace ember;
+using Catch::Contains;
+
+namespace {
+
+// Restores the thread count a test changed.
+struct ThreadsGuard {
+  int saved = get_num_threads();
+  ~ThreadsGuard() { set_num_threads(saved); }
+};
+
+struct ConvCase {
+  const char* name;
+  int64_t n, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+};
+
+std::vector<ConvCase> conv_cases() {
+  return {
+      {"CNN conv1 1->32 28x28 pad 1", 3, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+      {"CNN conv2 32->64 14x14 pad 1", 3, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+      {"stride 2 pad 1 odd 7x9", 2, 3, 7, 9, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1},
+      {"stride 3 no pad, right padding short of the stride", 2, 2, 8, 10, 3, 2, 2, 3, 3, 0, 0, 1, 1, 1},
+      {"dilation 2 pad 2", 2, 3, 9, 8, 4, 3, 3, 1, 1, 2, 2, 2, 2, 1},
+      {"groups 2 1x3 kernel stride 1x2", 2, 4, 6, 7, 6, 1, 3, 1, 2, 0, 1, 1, 1, 2},
+      {"depthwise 3 groups", 2, 3, 6, 5, 3, 3, 3, 1, 1, 1, 1, 1, 1, 3},
+      {"batch 1 5x5 kernel 13x11", 1, 2, 13, 11, 3, 5, 5, 1, 1, 2, 1, 1, 1, 1},
+      {"1x1 kernel stride 2 pad 3", 2, 4, 5, 6, 2, 1, 1, 2, 2, 3, 3, 1, 1, 1},
+      // Columns of 451 KB (fp64) per image: im2col chunks of 2 images, then 1 (uneven chunks).
+      {"chunked 8->4 28x28", 3, 8, 28, 28, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+  };
+}
+
+Conv2dArgs args_of(const ConvCase& c, DType t) {
+  Conv2dArgs a;
+  a.dtype = t;
+  a.n = c.n;
+  a.c_in = c.cin;
+  a.h = c.h;
+  a.w = c.w;
+  a.c_out = c.cout;
+  a.kh = c.kh;
+  a.kw = c.kw;
+  a.stride_h = c.sh;
+  a.stride_w = c.sw;
+  a.pad_h = c.ph;
+  a.pad_w = c.pw;
+  a.dil_h = c.dh;
+  a.dil_w = c.dw;
+  a.groups = c.groups;
+  a.out_h = (c.h + 2 * c.ph - c.dh * (c.kh - 1) - 1) / c.sh + 1;
+  a.out_w = (c.w + 2 * c.pw - c.dw * (c.kw - 1) - 1) / c.sw + 1;
+  return a;
+}
+
+std::vector<double> random_values(int64_t n, uint64_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<double>(static_cast<int64_t>(s >> 33) % 20001 - 10000) / 10000.0;
+  }
+  return v;
+}
+
+template <class T>
+std::vector<T> cast(const std::vector<double>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+// The three directions by their definition, in double. Each also returns, per output element,
+// the sum of |terms| (the scale of its rounding error in fp32).
+struct Reference {
+  std::vector<double> y, y_scale, gx, gx_scale, gw, gw_scale;
+};
+
+Reference conv_reference(const Conv2dArgs& a, const std::vector<double>& x, const std::vector<double>& w,
+                         const std::vector<double>& gy) {
+  const int64_t cin_g = a.c_in / a.groups, cout_g = a.c_out / a.groups;
+  Reference r;
+  r.y.assign(static_cast<size_t>(a.n * a.c_out * a.out_h * a.out_w), 0.0);
+  r.y_scale = r.y;
+  r.gx.assign(x.size(), 0.0);
+  r.gx_scale = r.gx;
+  r.gw.assign(w.size(), 0.0);
+  r.gw_scale = r.gw;
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t co = 0; co < a.c_out; ++co)
+      for (int64_t oy = 0; oy < a.out_h; ++oy)
+        for (int64_t ox = 0; ox < a.out_w; ++ox) {
+          const int64_t g = co / cout_g;
+          const auto yo = static_cast<size_t>(((n * a.c_out + co) * a.out_h + oy) * a.out_w + ox);
+          for (int64_t ci = 0; ci < cin_g; ++ci)
+            for (int64_t i = 0; i < a.kh; ++i)
+              for (int64_t j = 0; j < a.kw; ++j) {
+                const int64_t iy = oy * a.stride_h - a.pad_h + i * a.dil_h;
+                const int64_t ix = ox * a.stride_w - a.pad_w + j * a.dil_w;
+                if (iy < 0 || iy >= a.h || ix < 0 || ix >= a.w) continue;
+                const auto xo = static_cast<size_t>(((n * a.c_in + g * cin_g + ci) * a.h + iy) * a.w + ix);
+                const auto wo = static_cast<size_t>(((co * cin_g + ci) * a.kh + i) * a.kw + j);
+                r.y[yo] += x[xo] * w[wo];
+                r.y_scale[yo] += std::abs(x[xo] * w[wo]);
+                r.gx[xo] += gy[yo] * w[wo];
+                r.gx_scale[xo] += std::abs(gy[yo] * w[wo]);
+                r.gw[wo] += gy[yo] * x[xo];
+                r.gw_scale[wo] += std::abs(gy[yo] * x[xo]);
+              }
+        }
+  return r;
+}
+
+template <class T>
+void check_near(const std::vector<T>& got, const std::vector<double>& ref, const std::vector<double>& scale,
+                double rel, const std::string& what) {
+  REQUIRE(got.size() == ref.size());
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
+    const double tol = rel * (1.0 + scale[i]);
+    if (!(err <= tol)) ++bad;
+    worst = std::max(worst, err / (1.0 + scale[i]));
+  }
+  INFO(what << ": " << bad << " of " << ref.size() << " elements off; worst error / (1 + scale) = " << worst);
+  CHECK(bad == 0);
+}
+
+template <class T>
+struct ConvOut {
+  std::vector<T> y, gx, gw;
+};
+
+enum class Path { Dispatch, Im2col, OneDnnBlocked, OneDnnPlain };
+
+template <class T>
+ConvOut<T> run_conv(Path path, const Conv2dArgs& a, const std::vector<T>& x, const std::vector<T>& w,
+                    const std::vector<T>& gy) {
+  // Prefilled with nan: every path must overwrite all of its output.
+  ConvOut<T> o{std::vector<T>(gy.size(), T(NAN)), std::vector<T>(x.size(), T(NAN)),
+               std::vector<T>(w.size(), T(NAN))};
+  if (path == Path::Dispatch) {
+    cpu::conv2d_forward(a, x.data(), w.data(), o.y.data());
+    cpu::conv2d_backward_input(a, gy.data(), w.data(), o.gx.data());
+    cpu::conv2d_backward_weight(a, x.data(), gy.data(), o.gw.data());
+  } else if (path == Path::OneDnnBlocked || path == Path::OneDnnPlain) {
+    if constexpr (std::is_same_v<T, float>) {
+      const auto l = path == Path::OneDnnPlain ? cpu::onednn::Layouts::Plain : cpu::onednn::Layouts::Blocked;
+      REQUIRE(cpu::onednn::conv2d_forward(a, x.data(), w.data(), o.y.data(), l));
+      REQUIRE(cpu::onednn::conv2d_backward_input(a, gy.data(), w.data(), o.gx.data(), l));
+      REQUIRE(cpu::onednn::conv2d_backward_weight(a, x.data(), gy.data(), o.gw.data(), l));
+    }
+  } else {
+    cpu::im2col_conv2d_forward(a, x.data(), w.data(), o.y.data());
+    cpu::im2col_conv2d_backward_input(a, gy.data(), w.data(), o.gx.data());
+    cpu::im2col_conv2d_backward_weight(a, x.data(), gy.data(), o.gw.data());
+  }
+  return o;
+}
+
+struct ConvData {
+  Conv2dArgs a;
+  std::vector<double> x, w, gy;
+  Reference ref;
+  explicit ConvData(const ConvCase& c) : a(args_of(c, DType::Float64)) {
+    x = random_values(a.n * a.c_in * a.h * a.w, 1);
+    w = random_values(a.c_out * (a.c_in / a.groups) * a.kh * a.kw, 2);
+    gy = random_values(a.n * a.c_out * a.out_h * a.out_w, 3);
+    ref = conv_reference(a, x, w, gy);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("CPU conv2d paths equal the direct definition in fp32 (dispatch, im2col, oneDNN) and fp64 (im2col)",
+          "[conv_cpu]") {
+  ThreadsGuard guard;
+  for (const ConvCase& c : conv_cases()) {
+    SECTION(c.name) {
+      ConvData d(c);
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        INFO("threads " << threads);
+        Conv2dArgs af = d.a;
+        af.dtype = DType::Float32;
+        auto xf = cast<float>(d.x), wf = cast<float>(d.w), gyf = cast<float>(d.gy);
+        std::vector<std::pair<Path, std::string>> paths{{Path::Dispatch, "dispatch"}, {Path::Im2col, "im2col"}};
+        if (cpu::onednn::available()) {
+          paths.push_back({Path::OneDnnBlocked, "oneDNN blocked"});
+          paths.push_back({Path::OneDnnPlain, "oneDNN plain"});
+        }
+        for (const auto& [p, name] : paths) {
+          ConvOut<float> o = run_conv(p, af, xf, wf, gyf);
+          check_near(o.y, d.ref.y, d.ref.y_scale, 2e-5, name + " fp32 forward");
+          check_near(o.gx, d.ref.gx, d.ref.gx_scale, 2e-5, name + " fp32 backward-input");
+          check_near(o.gw, d.ref.gw, d.ref.gw_scale, 2e-5, name + " fp32 backward-weight");
+        }
+        ConvOut<double> o = run_conv(Path::Dispatch, d.a, d.x, d.w, d.gy);  // fp64: always im2col
+        check_near(o.y, d.ref.y, d.ref.y_scale, 1e-12, "fp64 forward");
+        check_near(o.gx, d.ref.gx, d.ref.gx_scale, 1e-12, "fp64 backward-input");
+        check_near(o.gw, d.ref.gw, d.ref.gw_scale, 1e-12, "fp64 backward-weight");
+      }
+    }
+  }
+}
+
+TEST_CASE("CPU conv2d: ember's threading of im2col + GEMM keeps the bits, and so do oneDNN's forward and backward-input",
+          "[conv_cpu][threads]") {
+  ThreadsGuard guard;
+  for (const ConvCase& c : conv_cases()) {
+    SECTION(c.name) {
+      ConvData d(c);
+      Conv2dArgs af = d.a;
+      af.dtype = DType::Float32;
+      auto xf = cast<float>(d.x), wf = cast<float>(d.w), gyf = cast<float>(d.gy);
+      const bool dnnl = cpu::onednn::available();
+      set_num_threads(1);
+      auto i1 = run_conv(Path::Im2col, af, xf, wf, gyf);
+      auto d1 = run_conv(Path::Im2col, d.a, d.x, d.w, d.gy);
+      ConvOut<float> b1, p1, b2, p2;
+      if (dnnl) {
+        b1 = run_conv(Path::OneDnnBlocked, af, xf, wf, gyf);
+        p1 = run_conv(Path::OneDnnPlain, af, xf, wf, gyf);
+      }
+      set_num_threads(2);
+      if (dnnl) {
+        b2 = run_conv(Path::OneDnnBlocked, af, xf, wf, gyf);
+        p2 = run_conv(Path::OneDnnPlain, af, xf, wf, gyf);
+      }
+#if defined(EMBER_OPENBLAS_WEAK)
+      // ember's parallel_for on 2 threads, OpenBLAS on 1: the im2col / col2im / copies that ember
+      // splits over images must not change a bit. (OpenBLAS's own threaded GEMM partitions its
+      // sums differently at 2 threads, so the full path differs in the last bits across thread
+      // counts; the first test case checks it against the reference at both.)
+      if (openblas_set_num_threads) openblas_set_num_threads(1);
+#endif
+      auto i2 = run_conv(Path::Im2col, af, xf, wf, gyf);
+      auto d2 = run_conv(Path::Im2col, d.a, d.x, d.w, d.gy);
+      CHECK(i1.y == i2.y);
+      CHECK(i1.gx == i2.gx);
+      CHECK(i1.gw == i2.gw);
+      CHECK(d1.y == d2.y);
+      CHECK(d1.gx == d2.gx);
+      CHECK(d1.gw == d2.gw);
+      // oneDNN: forward and backward-input compute each output on one thread (same bits);
+      // backward-weight may sum per-thread partials over the batch, so it is only held to the
+      // tolerance (first test case) at each thread count.
+      if (dnnl) {
+        CHECK(b1.y == b2.y);
+        CHECK(b1.gx == b2.gx);
+        CHECK(p1.y == p2.y);
+        CHECK(p1.gx == p2.gx);
+      }
+    }
+  }
+}
+
+TEST_CASE("oneDNN takes only fp32 problems with elements; the backend falls back to im2col", "[conv_cpu]") {
+  Conv2dArgs a = args_of(conv_cases()[2], DType::Float32);
+  std::vector<float> x(static_cast<size_t>(a.n * a.c_in * a.h * a.w), 1.0f), w(static_cast<size_t>(a.c_out * a.c_in * 9), 1.0f),
+      y(static_cast<size_t>(a.n * a.c_out * a.out_h * a.out_w), 0.0f);
+#if defined(EMBER_HAVE_ONEDNN)
+  CHECK(cpu::onednn::available());
+  CHECK(cpu::onednn::conv2d_forward(a, x.data(), w.data(), y.data()));
+  CHECK(y[0] == 4.0f * 3.0f);  // corner of a 3x3 window over padding 1: 2x2 inside, 3 channels of ones
+  CHECK_THAT(cpu::onednn::implementation(a, cpu::onednn::ConvDirection::Forward), !Contains("none"));
+#else
+  CHECK_FALSE(cpu::onednn::available());
+  CHECK_FALSE(cpu::onednn::conv2d_forward(a, x.data(), w.data(), y.data()));
+#endif
+  Conv2dArgs d = a;
+  d.dtype = DType::Float64;  // oneDNN's convolutions are fp32 here: refused, nothing written
+  std::fill(y.begin(), y.end(), -1.0f);
+  CHECK_FALSE(cpu::onednn::conv2d_forward(d, x.data(), w.data(), y.data()));
+  CHECK(y[0] == -1.0f);
+  Conv2dArgs empty = a;
+  empty.n = 0;
+  CHECK_FALSE(cpu::onednn::conv2d_backward_weight(empty, x.data(), y.data(), w.data()));
+}
+
+TEST_CASE("conv2d through the op: float32 gradients (1 and 2 threads) match float64's", "[conv_cpu][grad]") {
+  ThreadsGuard guard;
+  // The float64 op is checked by finite differences in test_conv_pool; here the float32 path's
+  // gradients must agree with it for the CNN's second layer with bias.
+  auto x = Tensor<double>::randn({2, 32, 14, 14});
+  auto w = Tensor<double>::randn({64, 32, 3, 3});
+  auto b = Tensor<double>::randn({64});
+  op::Conv2dOptions o{{1, 1}, {1, 1}, {1, 1}, 1};
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    auto xt = x.to<T>().detach().set_requires_grad(), wt = w.to<T>().detach().set_requires_grad(),
+         bt = b.to<T>().detach().set_requires_grad();
+    auto y = conv2d(xt, wt, bt, o);
+    sum(y * y).backward();
+    return std::vector<std::vector<double>>{y.template to<double>().to_vector(),
+                                            xt.grad().template to<double>().to_vector(),
+                                            wt.grad().template to<double>().to_vector(),
+                                            bt.grad().template to<double>().to_vector()};
+  };
+  auto r64 = run(double{});
+  for (int threads : {1, 2}) {
+  set_num_threads(threads);  // 2: oneDNN where built in
+  auto r32 = run(float{});
+  const char* names[] = {"y", "grad x", "grad w", "grad b"};
+  for (size_t k = 0; k < r64.size(); ++k) {
+    double scale = 0;
+    for (double v : r64[k]) scale = std::max(scale, std::abs(v));
+    size_t bad = 0;
+    for (size_t i = 0; i < r64[k].size(); ++i)
+      if (!(std::abs(r32[k][i] - r64[k][i]) <= 1e-5 * scale)) ++bad;
+    INFO(names[k] << " at " << threads << " threads: " << bad << " elements off (scale " << scale << ")");
+    CHECK(bad == 0);
+  }
+  }
+}
+
+namespace {
+
+struct PoolCase {
+  const char* name;
+  int64_t n, c, h, w, k, s, p;
+  bool adaptive, count_include_pad;
+  int64_t out_h, out_w;
+};
+
+Pool2dArgs pool_args(const PoolCase& c, DType t) {
+  Pool2dArgs p;
+  p.dtype = t;
+  p.n = c.n;
+  p.c = c.c;
+  p.h = c.h;
+  p.w = c.w;
+  p.kh = p.kw = c.k;
+  p.stride_h = p.stride_w = c.s;
+  p.pad_h = p.pad_w = c.p;
+  p.adaptive = c.adaptive;
+  p.count_include_pad = c.count_include_pad;
+  p.out_h = c.adaptive ? c.out_h : (c.h + 2 * c.p - c.k) / c.s + 1;
+  p.out_w = c.adaptive ? c.out_w : (c.w + 2 * c.p - c.k) / c.s + 1;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("CPU pooling: threaded kernels equal direct loops and give the same bits at 1 and 2 threads",
+          "[conv_cpu][pool]") {
+  ThreadsGuard guard;
+  // 8 * 16 planes of 17 x 19: more planes than one parallel_for chunk takes, so 2 threads split them.
+  const PoolCase cases[] = {{"2x2 stride 2 (the CNN's)", 8, 16, 17, 19, 2, 2, 0, false, true, 0, 0},
+                            {"3x3 stride 2 pad 1 (overlapping)", 8, 16, 17, 19, 3, 2, 1, false, true, 0, 0},
+                            {"3x3 stride 2 pad 1, padding not counted", 8, 16, 17, 19, 3, 2, 1, false, false, 0, 0},
+                            {"adaptive to 5x4", 8, 16, 17, 19, 1, 1, 0, true, true, 5, 4}};
+  for (const PoolCase& c : cases) {
+    SECTION(c.name) {
+      const Pool2dArgs p = pool_args(c, DType::Float32);
+      auto x = cast<float>(random_values(p.n * p.c * p.h * p.w, 11));
+      auto gy = cast<float>(random_values(p.n * p.c * p.out_h * p.out_w, 12));
+      const size_t ny = gy.size();
+      // Direct loops (double sums; the first maximum wins).
+      std::vector<double> ref_max(ny), ref_avg(ny), ref_gmax(x.size(), 0.0), ref_gavg(x.size(), 0.0);
+      for (int64_t nc = 0; nc < p.n * p.c; ++nc)
+        for (int64_t oy = 0; oy < p.out_h; ++oy)
+          for (int64_t ox = 0; ox < p.out_w; ++ox) {
+            int64_t y0, y1, x0, x1;
+            pool_math::window(p, true, oy, y0, y1);
+            pool_math::window(p, false, ox, x0, x1);
+            const auto o = static_cast<size_t>((nc * p.out_h + oy) * p.out_w + ox);
+            double best = -INFINITY, s = 0;
+            size_t arg = 0;
+            for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
+              for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix) {
+                const auto i = static_cast<size_t>((nc * p.h + iy) * p.w + ix);
+                if (x[i] > best) {
+                  best = x[i];
+                  arg = i;
+                }
+                s += x[i];
+              }
+            const double div = static_cast<double>(pool_math::avg_divisor(p, y0, y1, x0, x1));
+            ref_max[o] = best;
+            ref_avg[o] = s / div;
+            ref_gmax[arg] += gy[o];
+            for (int64_t iy = std::max<int64_t>(y0, 0); iy < std::min(y1, p.h); ++iy)
+              for (int64_t ix = std::max<int64_t>(x0, 0); ix < std::min(x1, p.w); ++ix)
+                ref_gavg[static_cast<size_t>((nc * p.h + iy) * p.w + ix)] += gy[o] / div;
+          }
+      std::vector<std::vector<float>> runs[2];
+      for (int t : {1, 2}) {
+        set_num_threads(t);
+        std::vector<float> y(ny, NAN), ya(ny, NAN), gx(x.size(), NAN), gxa(x.size(), NAN);
+        std::vector<int64_t> idx(ny, -7);
+        cpu::max_pool2d_forward(p, x.data(), y.data(), idx.data());
+        cpu::max_pool2d_backward(p, gy.data(), idx.data(), gx.data());
+        cpu::avg_pool2d_forward(p, x.data(), ya.data());
+        cpu::avg_pool2d_backward(p, gy.data(), gxa.data());
+        std::vector<float> idxf(idx.begin(), idx.end());
+        runs[t - 1] = {y, gx, ya, gxa, idxf};
+      }
+      for (size_t k = 0; k < runs[0].size(); ++k) CHECK(runs[0][k] == runs[1][k]);
+      const std::vector<double> zero_x(x.size(), 0.0), zero_y(ny, 0.0);
+      check_near(runs[0][0], ref_max, zero_y, 0.0, "max forward (exact)");
+      check_near(runs[0][1], ref_gmax, zero_x, 1e-6, "max backward");
+      check_near(runs[0][2], ref_avg, zero_y, 1e-6, "avg forward");
+      check_near(runs[0][3], ref_gavg, zero_x, 1e-6, "avg backward");
+    }
+  }
+}
+
+namespace {
+
+// BatchNorm2d's former composition (mean, subtract, square, mean, rsqrt, multiply, add), as the
+// reference of the fused op.
+template <class T>
+Tensor<T> batch_norm_composed(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, double eps) {
+  std::vector<int> dims{0};
+  for (int i = 2; i < x.dim(); ++i) dims.push_back(i);
+  std::vector<int64_t> cs(static_cast<size_t>(x.dim()), 1);
+  cs[1] = x.shape()[1];
+  Tensor<T> mu = mean(x, dims, true);
+  Tensor<T> d = x - mu;
+  Tensor<T> var = mean(square(d), dims, true);
+  Tensor<T> y = d * reciprocal(sqrt(var + eps));
+  if (w.defined()) y = y * w.reshape(Shape(cs)) + b.reshape(Shape(cs));
+  return y;
+}
+
+template <class T>
+std::vector<std::vector<double>> bn_run(bool fused, const Tensor<double>& x0, const Tensor<double>& w0,
+                                        const Tensor<double>& b0, const Tensor<double>& gy0) {
+  auto x = x0.to<T>().detach().set_requires_grad();
+  Tensor<T> w, b;
+  if (w0.defined()) {
+    w = w0.to<T>().detach().set_requires_grad();
+    b = b0.to<T>().detach().set_requires_grad();
+  }
+  Tensor<T> y = fused ? Tensor<T>(op::batch_norm_train(x, w, b, 1e-5).y) : batch_norm_composed(x, w, b, 1e-5);
+  y.backward(gy0.to<T>());
+  std::vector<std::vector<double>> r{y.template to<double>().to_vector(), x.grad().template to<double>().to_vector()};
+  if (w.defined()) {
+    r.push_back(w.grad().template to<double>().to_vector());
+    r.push_back(b.grad().template to<double>().to_vector());
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("fused CPU batch norm equals the composition: values and gradients, fp32 and fp64", "[conv_cpu][bn]") {
+  for (bool affine : {true, false}) {
+    for (const Shape& s : {Shape{4, 3, 5, 6}, Shape{7, 5}, Shape{2, 4, 9}}) {
+      SECTION(std::string(affine ? "affine " : "no affine ") + s.str()) {
+        auto x = Tensor<double>::randn(s) * 3.0 + 1.5;
+        auto gy = Tensor<double>::randn(s);
+        Tensor<double> w, b;
+        if (affine) {
+          w = Tensor<double>::randn({s[1]});
+          b = Tensor<double>::randn({s[1]});
+        }
+        auto ref = bn_run<double>(false, x, w, b, gy);
+        auto f64 = bn_run<double>(true, x, w, b, gy);
+        auto f32 = bn_run<float>(true, x, w, b, gy);
+        REQUIRE(ref.size() == f64.size());
+        for (size_t k = 0; k < ref.size(); ++k)
+          for (size_t i = 0; i < ref[k].size(); ++i) {
+            CHECK(f64[k][i] == Approx(ref[k][i]).margin(1e-10));
+            CHECK(f32[k][i] == Approx(ref[k][i]).margin(2e-5 * (k >= 2 ? static_cast<double>(s.numel()) : 1.0)));
+          }
+      }
+    }
+  }
+}
+
+TEST_CASE("fused CPU batch norm: finite-difference gradients in double", "[conv_cpu][bn][grad]") {
+  for (uint64_t seed : {1, 2}) {
+    CHECK_GRADIENTS([](const std::vector<AnyTensor>& in) { return op::batch_norm_train(in[0], in[1], in[2], 1e-5).y; },
+                    testing::random_inputs({{3, 4, 3, 5}, {4}, {4}}, seed));
+    CHECK_GRADIENTS([](const std::vector<AnyTensor>& in) { return op::batch_norm_train(in[0], {}, {}, 1e-3).y; },
+                    testing::random_inputs(std::vector<Shape>{Shape{6, 3}}, seed));
+  }
+}
+
+TEST_CASE("nn::BatchNorm2d on the CPU: fused in training (running stats as before), same bits at 1 and 2 threads",
+          "[conv_cpu][bn][threads]") {
+  ThreadsGuard guard;
+  // 64 x 32 x 28 x 28, the CNN's first batch norm: more channels and planes than one chunk.
+  auto x = Tensor<float>::randn({64, 32, 28, 28}) * 2.0f + 0.5f;
+  auto gy = Tensor<float>::randn({64, 32, 28, 28});
+  std::vector<std::vector<float>> runs[2];
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    manual_seed(3);
+    nn::BatchNorm2d bn(32);
+    {
+      NoGradGuard no_grad;
+      bn.weight.copy_(Tensor<float>::randn({32}));
+    }
+    auto xr = x.detach().set_requires_grad();
+    auto y = bn(xr);
+    y.backward(gy);
+    runs[t - 1] = {y.to_vector(), xr.grad().to_vector(), Tensor<float>(bn.weight.grad()).to_vector(),
+                   Tensor<float>(bn.bias.grad()).to_vector(), Tensor<float>(bn.running_mean).to_vector(),
+                   Tensor<float>(bn.running_var).to_vector()};
+  }
+  for (size_t k = 0; k < runs[0].size(); ++k) CHECK(runs[0][k] == runs[1][k]);
+  // Running statistics: momentum 0.1 from (0, 1), with the unbiased batch variance.
+  auto xd = x.to<double>();
+  auto mu = mean(xd, {0, 2, 3}).to_vector();
+  auto var = mean(square(xd - mean(xd, {0, 2, 3}, true)), {0, 2, 3}).to_vector();
+  const double m = 64.0 * 28 * 28;
+  for (size_t c = 0; c < 32; ++c) {
+    CHECK(runs[0][4][c] == Approx(0.1 * mu[c]).margin(1e-6));
+    CHECK(runs[0][5][c] == Approx(0.9 + 0.1 * var[c] * m / (m - 1)).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("fused CPU batch norm refuses what it does not take, naming the op and tensors", "[conv_cpu][bn][errors]") {
+  auto h = Tensor<half>::ones({2, 3, 4});
+  CHECK_FALSE(op::batch_norm_fused_applies(h, {}, {}));
+  CHECK_THROWS_AS(op::batch_norm_train(h, {}, {}, 1e-5), ValueError);
+  CHECK_THROWS_WITH(op::batch_norm_train(h, {}, {}, 1e-5), Contains("batch_norm") && Contains("float16"));
+  auto x = Tensor<float>::ones({2, 3, 4});
+  auto w64 = Tensor<double>::ones({3});
+  CHECK_FALSE(op::batch_norm_fused_applies(x, w64, {}));
+  CHECK_THROWS_WITH(op::batch_norm_train(x, w64, {}, 1e-5), Contains("weight") && Contains("float64"));
+  auto wrong = Tensor<float>::ones({4});
+  CHECK_FALSE(op::batch_norm_fused_applies(x, wrong, {}));
+  CHECK(op::batch_norm_fused_applies(x, Tensor<float>::ones({3}), Tensor<float>::zeros({3})));
+  // nn::BatchNorm1d with fp16 input keeps the composition (no error) and computes in fp32 inside.
+  nn::BatchNorm1d bn(3);
+  auto y = bn(Tensor<float>::randn({4, 3}).to<half>());
+  CHECK(y.dtype() == DType::Float16);
+}
