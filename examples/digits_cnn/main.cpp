@@ -1,22 +1,24 @@
-// digits_cnn: a small convolutional network trained on the scikit-learn handwritten digits (real
-// data shipped by Debian's python3-sklearn), on the GPU when there is one, else on the CPU.
+// digits_cnn: a small convolutional network trained with train::Trainer on the scikit-learn
+// handwritten digits (real data shipped by Debian's python3-sklearn), on the GPU when there is
+// one, else on the CPU.
 //
 //   digits_cnn [--device auto|cpu|cuda:N] [--epochs 20] [--batch-size 32] [--lr 0.002] [--seed 0]
 //              [--save model.safetensors] [--checkpoint-dir DIR [--checkpoint-every 5] [--resume 1]]
-//              [--profile trace.json] [--log-dir runs/digits_cnn]   (examples/common/observe.hpp)
+//              [--profile trace.json] [--log-dir runs/digits_cnn]
 //
-// --checkpoint-dir: a checkpoint (model, Adam state, schedule, generator, epoch) every
-// --checkpoint-every epochs, written in the background (train::CheckpointManager::save_async);
+// --checkpoint-dir: a checkpoint (model, Adam state, schedule, generators, loader position) every
+// --checkpoint-every epochs, written in the background (CheckpointPolicy::save_async);
 // --resume 1 continues from the newest complete checkpoint there, exactly where it stopped.
+// --profile profiles 20 steps after 5 of warm-up (step report, verdict, Chrome trace); --log-dir
+// writes TensorBoard logs, metrics.jsonl and metrics.csv (the Trainer's logging).
 //
 // Conv(1->32, 3x3) ReLU MaxPool -> Conv(32->64, 3x3) ReLU MaxPool -> Linear(256 -> 10), Adam,
-// cross-entropy, cosine learning-rate decay per step, an 80/20 split with a fixed seed. Prints a progress line, then one JSON line.
-#include <algorithm>
+// cross-entropy, cosine learning-rate decay per step, an 80/20 split with a fixed seed; the batches
+// come from a data::DataLoader over the in-memory tensors. Prints a progress bar, then one JSON line.
 #include <cstdio>
-#include <numeric>
-#include <optional>
 
 #include <ember/ember.hpp>
+#include <ember/train/trainer.hpp>
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"
@@ -37,8 +39,11 @@ int main(int argc, char** argv) try {
 
   examples::Digits all = examples::load_digits(), train, test;
   examples::split_digits(all, 0.2, seed, train, test);
-  auto x_train = Tensor<float>::from_vector(train.pixels, {train.n, 1, 8, 8}, dev);
-  auto y_train = Tensor<int64_t>::from_vector(train.labels, {train.n}, dev);
+  data::TensorDataset train_set({{"image", Tensor<float>::from_vector(train.pixels, {train.n, 1, 8, 8})},
+                                 {"label", Tensor<int64_t>::from_vector(train.labels, {train.n})}},
+                                "digits_train");
+  // A fresh permutation of the training set each epoch, from (seed, epoch); the last batch is partial.
+  data::DataLoader train_loader(train_set, {.batch_size = batch, .shuffle = true, .seed = seed, .device = dev});
   auto x_test = Tensor<float>::from_vector(test.pixels, {test.n, 1, 8, 8}, dev);
   auto y_test = Tensor<int64_t>::from_vector(test.labels, {test.n}, dev);
 
@@ -46,73 +51,27 @@ int main(int argc, char** argv) try {
   auto model = examples::make_digits_cnn();
   model->to(dev);
   optim::Adam opt(model->parameters(), {.lr = args.real("lr")});
-  const int64_t steps_per_epoch = (train.n + batch - 1) / batch;
-  optim::CosineAnnealingLR schedule(opt, epochs * steps_per_epoch);  // per step, down to 0
+  optim::CosineAnnealingLR schedule(opt, std::max<int64_t>(1, epochs * train_loader.num_batches()));  // per step, down to 0
 
-  examples::Observe observe(args, {{"example", std::string("digits_cnn")}, {"device", dev.str()},
-                                   {"epochs", static_cast<double>(epochs)}, {"batch_size", static_cast<double>(batch)},
-                                   {"lr", args.real("lr")}, {"seed", static_cast<double>(seed)}});
-  examples::Progress progress;
-  double last_loss = 0;
-  int64_t step = 0, first_epoch = 0;
-  std::optional<train::CheckpointManager> ckpt;
-  const train::CheckpointTargets targets{.model = model.get(), .optimizer = &opt, .scheduler = &schedule};
-  if (!args.str("checkpoint-dir").empty()) {
-    ckpt.emplace(args.str("checkpoint-dir"), train::CheckpointOptions{.keep_last = 2});
-    if (args.integer("resume") != 0) {
-      if (auto r = ckpt->load_latest(targets)) {
-        step = r->step;
-        first_epoch = r->epoch;
-        std::fprintf(stderr, "resumed from %s: epoch %lld, step %lld\n", r->path.c_str(),
-                     static_cast<long long>(first_epoch), static_cast<long long>(step));
-      }
-    }
-  }
-  for (int64_t epoch = first_epoch; epoch < epochs; ++epoch) {
-    // A fresh permutation of the training set each epoch, from (seed, epoch).
-    data::DistributedSampler sampler(train.n, 1, 0, {.seed = seed});
-    sampler.set_epoch(static_cast<uint64_t>(epoch));
-    std::vector<int64_t> order = sampler.indices();
-    auto perm = Tensor<int64_t>::from_vector(order, dev);
-    double epoch_loss = 0;
-    int64_t batches = 0;
-    for (int64_t b0 = 0; b0 < train.n; b0 += batch) {
-      auto idx = perm.slice(b0, std::min(train.n, b0 + batch));
-      Tensor<float> xb;
-      Tensor<int64_t> yb;
-      {
-        trace::PhaseScope data(trace::Phase::DataWait);  // the batch's gather is this example's data loading
-        xb = index_select(x_train, 0, idx);
-        yb = index_select(y_train, 0, idx);
-      }
-      auto loss = nn::functional::cross_entropy((*model)(xb), yb);
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
-      schedule.step();
-      last_loss = loss.item();
-      epoch_loss += last_loss;
-      ++batches;
-      progress.step(epoch, epochs, ++step, last_loss, idx.numel());
-      observe.step(step, last_loss, idx.numel(), opt.param_groups()[0].lr());
-    }
-    progress.epoch(epoch, epochs, "loss " + examples::num(epoch_loss / static_cast<double>(batches), 4), 5);
-    if (ckpt && (epoch + 1) % std::max<int64_t>(1, args.integer("checkpoint-every")) == 0)
-      ckpt->save_async(step, targets, {.epoch = epoch + 1});  // training goes on while it writes
-  }
-  if (ckpt) ckpt->wait();
-  progress.finish();
-  observe.finish(step);
-  const double seconds = progress.seconds();
+  train::TrainerOptions to{.epochs = epochs, .scheduler = &schedule, .log_dir = args.str("log-dir")};
+  if (!args.str("checkpoint-dir").empty())
+    to.checkpoint = {.dir = args.str("checkpoint-dir"), .every_epochs = std::max<int64_t>(1, args.integer("checkpoint-every")),
+                     .keep_last = 2, .resume = args.integer("resume") != 0, .save_async = true};  // training goes on while it writes
+  if (!args.str("profile").empty()) to.profile = {.steps = 20, .start_step = 5, .trace_path = args.str("profile")};
+  train::FitResult r = train::Trainer(to).fit(*model, train_loader, opt, train::cross_entropy_loss());
+  if (!r.resumed_from.empty())
+    std::fprintf(stderr, "resumed from %s: epoch %lld, step %lld\n", r.resumed_from.c_str(),
+                 static_cast<long long>(r.start_step / train_loader.num_batches()), static_cast<long long>(r.start_step));
+
   const double acc = examples::accuracy(*model, x_test, y_test);
   std::printf("%s\n", examples::json_line({{"example", examples::quoted("digits_cnn")},
                                            {"device", examples::quoted(dev.str())},
                                            {"epochs", std::to_string(epochs)},
                                            {"parameters", std::to_string(model->parameter_count())},
-                                           {"final_train_loss", examples::num(last_loss)},
+                                           {"final_train_loss", examples::num(r.final_loss)},
                                            {"test_accuracy", examples::num(acc, 4)},
-                                           {"seconds", examples::num(seconds, 4)},
-                                           {"samples_per_second", examples::num(progress.samples_per_second(), 6)}})
+                                           {"seconds", examples::num(r.seconds, 4)},
+                                           {"samples_per_second", examples::num(r.samples_per_second, 6)}})
                           .c_str());
   args.save_model(*model);
   return 0;
