@@ -10,8 +10,10 @@
 // rank, so every rank runs the same number of steps. --zero 1 uses ZeRO-1 (dist::ZeroRedundancyOptimizer, the
 // Adam state sharded over the ranks) instead of DataParallel + Adam. CPU only (the MPI and thread
 // process groups move CPU tensors). Rank 0 prints one JSON line at the end. A rank that fails
-// makes the others raise DistributedError after --timeout-s seconds: they print it and exit 1
-// (--fail-rank R makes rank R stop at its third step, to see this happen).
+// makes the others raise DistributedError after --timeout-s seconds (default: EMBER_DIST_TIMEOUT_S,
+// else 300): under MPI the first to time out prints it and aborts the job with status 75
+// (MpiOptions::abort_on_timeout; EMBER_DIST_ABORT_ON_TIMEOUT=0: print it and exit 1), the thread
+// ranks print it and exit 1 (--fail-rank R makes rank R stop at its third step, to see this happen).
 //
 // --save PATH: rank 0 writes the trained weights (safetensors; under MPI too, the other ranks do
 // not write); --load PATH starts every rank from such a file (--epochs 0: only evaluates it).
@@ -165,15 +167,16 @@ bool launched_by_mpi() {
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
                       {{"device", "cpu"}, {"ranks", "2"}, {"epochs", "10"}, {"batch-size", "16"}, {"lr", "0.002"}, {"seed", "0"},
-                       {"zero", "0"}, {"timeout-s", "300"},
+                       {"zero", "0"}, {"timeout-s", ""},
                        {"fail-rank", "-1"}, {"load", ""}});
   examples::Digits all = examples::load_digits(), train, test;
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   examples::split_digits(all, 0.2, seed, train, test);
   Setup s{args.integer("epochs"), args.integer("batch-size"), args.real("lr"), seed, args.integer("zero") != 0,
           static_cast<int>(args.integer("fail-rank")), &train, &test};
-  dist::ProcessGroupOptions options;
-  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.real("timeout-s") * 1000.0));
+  dist::ProcessGroupOptions options;  // timeout: EMBER_DIST_TIMEOUT_S, else 300 s
+  if (!args.str("timeout-s").empty())
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.real("timeout-s") * 1000.0));
 
   const std::string device_arg = args.str("device");
   auto wants_gpu = [&] {
