@@ -502,14 +502,26 @@ TEST_CASE("Trainer prints plain progress lines and the profiler's verdict once",
   REQUIRE(v != std::string::npos);
   REQUIRE(out.find("verdict:", v + 1) == std::string::npos);  // once
   REQUIRE(out.find("profile (3 steps)") != std::string::npos);
+  REQUIRE(out.find("Self host") != std::string::npos);  // the op table's header
+  REQUIRE(out.find("matmul") != std::string::npos);     // and the model's ops in it
 }
 
 TEST_CASE("Trainer logs through MetricsLogger every N steps", "[trainer]") {
   testing::TempDir tmp("ember-trainer-");
   Setup s(0.0, 8);
   data::DataLoader val(make_data(12, 0.5), {.batch_size = 6});
-  train::Trainer t(quiet({.epochs = 1, .validation = {.loader = &val}, .log_dir = tmp.path / "logs", .log_every_steps = 2}));
+  train::Trainer t(quiet({.epochs = 1,
+                          .validation = {.loader = &val},
+                          .log_dir = tmp.path / "logs",
+                          .log_every_steps = 2,
+                          .hparams = {{"lr", 0.25}, {"optimizer", std::string("sgd")}}}));
   train::FitResult r = t.fit(*s.model, *s.loader, *s.opt, train::cross_entropy_loss());
+  // The hyperparameters, once, beside the logs.
+  std::ifstream h(tmp.path / "logs" / "hparams.json");
+  REQUIRE(h.good());
+  const std::string hp((std::istreambuf_iterator<char>(h)), std::istreambuf_iterator<char>());
+  CHECK(hp.find("\"lr\": 0.25") != std::string::npos);
+  CHECK(hp.find("\"optimizer\": \"sgd\"") != std::string::npos);
   std::ifstream f(tmp.path / "logs" / "metrics.jsonl");
   REQUIRE(f.good());
   std::string line;

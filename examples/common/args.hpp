@@ -38,6 +38,21 @@ class Args {
   std::string str(const std::string& k) const { return values_.at(k); }
   int64_t integer(const std::string& k) const { return std::stoll(values_.at(k)); }
   double real(const std::string& k) const { return std::stod(values_.at(k)); }
+  // Every flag with its value, for the metrics log's hparams.json (train::TrainerOptions::hparams):
+  // a number where the whole value parses as one, else the text.
+  ember::logging::HParams hparams() const {
+    ember::logging::HParams hp;
+    for (const auto& [k, v] : values_) {
+      char* end = nullptr;
+      const double d = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
+      if (!v.empty() && end == v.c_str() + v.size()) {
+        hp.emplace_back(k, d);
+      } else {
+        hp.emplace_back(k, v);
+      }
+    }
+    return hp;
+  }
 
   // --save PATH: the trained weights as a safetensors file (PyTorch loads it with
   // model.load_state_dict(safetensors.torch.load_file(PATH)) where the names match).

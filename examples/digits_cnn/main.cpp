@@ -53,7 +53,8 @@ int main(int argc, char** argv) try {
   optim::Adam opt(model->parameters(), {.lr = args.real("lr")});
   optim::CosineAnnealingLR schedule(opt, std::max<int64_t>(1, epochs * train_loader.num_batches()));  // per step, down to 0
 
-  train::TrainerOptions to{.epochs = epochs, .scheduler = &schedule, .log_dir = args.str("log-dir")};
+  train::TrainerOptions to{.epochs = epochs, .scheduler = &schedule, .log_dir = args.str("log-dir"),
+                           .hparams = args.hparams()};  // every flag, in hparams.json beside the logs
   if (!args.str("checkpoint-dir").empty())
     to.checkpoint = {.dir = args.str("checkpoint-dir"), .every_epochs = std::max<int64_t>(1, args.integer("checkpoint-every")),
                      .keep_last = 2, .resume = args.integer("resume") != 0, .save_async = true};  // training goes on while it writes

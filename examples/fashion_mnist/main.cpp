@@ -133,6 +133,7 @@ int main(int argc, char** argv) try {
     to.checkpoint = {.dir = args.str("checkpoint-dir"), .every_epochs = 1, .keep_last = 2,
                      .resume = args.integer("resume") != 0, .best_metric = "val/accuracy"};
   to.log_dir = args.str("log-dir");
+  to.hparams = args.hparams();  // every flag, in hparams.json beside the logs
   if (!args.str("profile").empty()) to.profile = {.steps = 20, .start_step = 5, .trace_path = args.str("profile")};
   train::Trainer trainer(to);
 

@@ -121,6 +121,7 @@ struct ProfileWindow {
   int64_t steps = 0;             // profile this many optimizer steps (0: off)
   int64_t start_step = 5;        // starting after this many steps of the run (warm-up)
   std::string trace_path;        // also write a Chrome trace there (rank 0)
+  int table_rows = 15;           // the op table's rows printed before the step report (0: none)
 };
 
 class CancelToken;
@@ -154,6 +155,9 @@ struct TrainerOptions {
   logging::MetricsLogger* logger = nullptr;
   std::filesystem::path log_dir;
   int64_t log_every_steps = 10;
+  // Written once at the start of fit through the logger (hparams.json beside the logs, and a
+  // "hparams" text summary), when there is a logger and the list is not empty.
+  logging::HParams hparams = {};
 
   ProfileWindow profile = {};
   ProgressOptions progress = {};  // the bar (rank 0 only)

@@ -376,6 +376,7 @@ inline FitResult Trainer::run(nn::Module& model, dist::DataParallel* dp, data::D
       own_logger = std::make_unique<logging::MetricsLogger>(o.log_dir);
       logger = own_logger.get();
     }
+    if (logger && !o.hparams.empty()) logger->log_hparams(o.hparams);
   }
   ProgressOptions po = o.progress;
   po.enabled = po.enabled && writer;
@@ -388,7 +389,9 @@ inline FitResult Trainer::run(nn::Module& model, dist::DataParallel* dp, data::D
     profiler->stop();
     profiled = true;
     const profile::StepFigures f = profiler->average_figures();
-    std::string text = "profile (" + std::to_string(profiled_steps) + " steps):\n" + profiler->step_report();
+    std::string text = "profile (" + std::to_string(profiled_steps) + " steps):\n";
+    if (o.profile.table_rows > 0) text += profiler->key_averages().table(profile::SortBy::SelfHost, o.profile.table_rows);
+    text += profiler->step_report();
     std::string verdict;
     for (const auto& v : profile::verdict(f)) verdict += "- " + v.message + "\n";
     text += "verdict:\n" + verdict;
