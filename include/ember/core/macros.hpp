@@ -16,3 +16,12 @@
 #else
 #define EMBER_HD
 #endif
+
+// `#pragma omp simd <clauses>` where OpenMP (or its simd subset, -fopenmp-simd) is enabled, and
+// nothing otherwise: a program compiled without -fopenmp gets no -Wunknown-pragmas warnings.
+#define EMBER_PRAGMA(x) _Pragma(#x)
+#if defined(_OPENMP) || defined(_OPENMP_SIMD)
+#define EMBER_OMP_SIMD(clauses) EMBER_PRAGMA(omp simd clauses)
+#else
+#define EMBER_OMP_SIMD(clauses)
+#endif

@@ -11,6 +11,7 @@
 
 #include "ember/backend/cpu/norm.hpp"
 #include "ember/backend/cpu/reduce.hpp"
+#include "ember/core/macros.hpp"
 
 namespace ember::cpu {
 
@@ -38,7 +39,7 @@ void cross_entropy_forward(const CrossEntropyArgs& a, const T* x, const int64_t*
       if (mx == -std::numeric_limits<C>::infinity()) mx = C(0);
       C se = 0, sx = 0;
       if constexpr (std::is_same_v<C, float>) {
-#pragma omp simd reduction(+ : se)
+EMBER_OMP_SIMD(reduction(+ : se))
         for (int64_t c = 0; c < n; ++c) se += detail::fast_expf(static_cast<C>(xr[c]) - mx);
       } else {
         for (int64_t c = 0; c < n; ++c) se += std::exp(static_cast<C>(xr[c]) - mx);

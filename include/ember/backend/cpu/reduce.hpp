@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ember/backend/cpu/elementwise.hpp"
+#include "ember/core/macros.hpp"
 
 namespace ember::cpu {
 
@@ -176,12 +177,12 @@ void softmax_rows(const T* x, T* y, int64_t r, int64_t cols, bool log) {
   if constexpr (std::is_same_v<T, float>) {
     float sum = 0.0f;
     if (log) {
-#pragma omp simd reduction(+ : sum)
+EMBER_OMP_SIMD(reduction(+ : sum))
       for (int64_t c = 0; c < cols; ++c) sum += detail::fast_expf(xr[c] - mx);
       const float lse = std::log(sum);
       for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mx) - lse;
     } else {
-#pragma omp simd reduction(+ : sum)
+EMBER_OMP_SIMD(reduction(+ : sum))
       for (int64_t c = 0; c < cols; ++c) {
         const float e = detail::fast_expf(xr[c] - mx);
         yr[c] = e;
@@ -232,11 +233,11 @@ void softmax_backward(const T* y, const T* gy, T* gx, int64_t rows, int64_t cols
       if constexpr (std::is_same_v<T, float>) {
         float dot = 0.0f;
         if (log) {
-#pragma omp simd reduction(+ : dot)
+EMBER_OMP_SIMD(reduction(+ : dot))
           for (int64_t c = 0; c < cols; ++c) dot += gr[c];
           for (int64_t c = 0; c < cols; ++c) out[c] = gr[c] - detail::fast_expf(yr[c]) * dot;
         } else {
-#pragma omp simd reduction(+ : dot)
+EMBER_OMP_SIMD(reduction(+ : dot))
           for (int64_t c = 0; c < cols; ++c) dot += gr[c] * yr[c];
           for (int64_t c = 0; c < cols; ++c) out[c] = yr[c] * (gr[c] - dot);
         }
