@@ -277,7 +277,7 @@ TEST_CASE("CPU conv2d: ember's threading of im2col + GEMM keeps the bits, and so
   }
 }
 
-TEST_CASE("oneDNN takes only fp32 problems with elements; the backend falls back to im2col", "[conv_cpu]") {
+TEST_CASE("oneDNN takes only fp32 problems with elements, and the backend falls back to im2col", "[conv_cpu]") {
   Conv2dArgs a = args_of(conv_cases()[2], DType::Float32);
   std::vector<float> x(static_cast<size_t>(a.n * a.c_in * a.h * a.w), 1.0f), w(static_cast<size_t>(a.c_out * a.c_in * 9), 1.0f),
       y(static_cast<size_t>(a.n * a.c_out * a.out_h * a.out_w), 0.0f);

@@ -178,7 +178,7 @@ TEST_CASE("threaded kernels: add, broadcast add, relu, cast, sum and softmax do 
   }
 }
 
-TEST_CASE("fast_expf: within 2 ulp of exp over the float range; 0, inf and NaN at the edges", "[fused][softmax]") {
+TEST_CASE("fast_expf: within 2 ulp of exp over the float range, 0, inf and NaN at the edges", "[fused][softmax]") {
   double worst = 0;
   for (double x = -87.0; x < 88.5; x += 0.00731) {
     const float f = static_cast<float>(x);
