@@ -121,6 +121,21 @@ inline AnyTensor optional_weight(const char* op, const char* what, const AnyTens
 // caller's tensor (for messages). Implements PyTorch's formula exactly:
 //   loss_i = (1 - eps) * (-w[y_i] logp[i, y_i]) + (eps / C) * (-sum_c w[c] logp[i, c]),
 //   0 where y_i == ignore_index; "mean" divides the sum by sum_i w[y_i] over non-ignored i.
+// x [C], [N, C] or [N, C, d1, ...] as [M, C]: the class dimension moved last (M = the target's
+// element count), as nll_loss and the fused cross_entropy take it.
+inline AnyTensor classes_last(const AnyTensor& x, bool batched, int64_t M, int64_t C) {
+  AnyTensor lp = x;
+  if (!batched) {
+    lp = lp.reshape(Shape{1, C});
+  } else if (x.dim() > 2) {
+    std::vector<int> perm{0};
+    for (int i = 2; i < x.dim(); ++i) perm.push_back(i);
+    perm.push_back(1);
+    lp = op::permute(x, perm);
+  }
+  return lp.reshape(Shape{M, C});
+}
+
 inline AnyTensor nll_core(const char* op, const AnyTensor& logp, const AnyTensor& input, const AnyTensor& target,
                           const AnyTensor& weight_in, int64_t ignore_index, double eps, Reduction red) {
   op::detail::check_defined(op, target, "target");
@@ -145,17 +160,7 @@ inline AnyTensor nll_core(const char* op, const AnyTensor& logp, const AnyTensor
   const Device dev = logp.device();
   const int64_t M = tshape.numel();
 
-  // Class dimension last: [M, C].
-  AnyTensor lp = logp;
-  if (!batched) {
-    lp = lp.reshape(Shape{1, C});
-  } else if (logp.dim() > 2) {
-    std::vector<int> perm{0};
-    for (int i = 2; i < logp.dim(); ++i) perm.push_back(i);
-    perm.push_back(1);
-    lp = op::permute(logp, perm);
-  }
-  lp = lp.reshape(Shape{M, C});
+  AnyTensor lp = classes_last(logp, batched, M, C);  // [M, C]
 
   // Valid (non-ignored) targets, and indices with the ignored ones replaced by 0 (a valid class).
   AnyTensor tgt = target.detach().to(DType::Int64).reshape(Shape{M});
@@ -226,16 +231,7 @@ inline AnyTensor cross_entropy_fused(const AnyTensor& x, const AnyTensor& input,
     weight = weight.detach();
   }
   const int64_t M = tshape.numel();
-  AnyTensor lp = x;  // class dimension last: [M, C]
-  if (!batched) {
-    lp = lp.reshape(Shape{1, C});
-  } else if (x.dim() > 2) {
-    std::vector<int> perm{0};
-    for (int i = 2; i < x.dim(); ++i) perm.push_back(i);
-    perm.push_back(1);
-    lp = op::permute(x, perm);
-  }
-  lp = lp.reshape(Shape{M, C});
+  AnyTensor lp = classes_last(x, batched, M, C);  // [M, C]
   AnyTensor tgt = target.detach().to(DType::Int64).reshape(Shape{M});
   if (M > 0) {  // bounds of the non-ignored targets, in one host read
     AnyTensor valid = op::ne(tgt, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
