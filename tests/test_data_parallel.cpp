@@ -6,12 +6,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "ember/data/distributed_sampler.hpp"
 #include "ember/distributed/data_parallel.hpp"
+#include "ember/distributed/same_settings.hpp"
 #include "ember/distributed/thread_group.hpp"
 #include "ember/distributed/zero.hpp"
 #include "ember/ember.hpp"
@@ -868,5 +872,291 @@ TEST_CASE("DataParallel and sync_found_inf over a group that takes device tensor
     // backward pass compounds); the bug this catches (control tensors on the wrong device) throws.
     CHECK(err[r] <= 1e-5);
     CHECK(found[r] == 0);
+  }
+}
+
+// ---- Same settings on every rank (distributed/same_settings.hpp, issue 14) ----
+// Thread ranks share one environment, so each rank's settings come from SameSettingsOptions::settings.
+
+namespace {
+
+dist::NumericSettings with_setting(dist::NumericSettings s, const std::string& name, std::optional<std::string> v) {
+  for (auto& e : s)
+    if (e.name == name) {
+      e.value = std::move(v);
+      return s;
+    }
+  s.push_back({name, std::move(v)});
+  return s;
+}
+
+// Counts the collectives a wrapped group runs.
+class CountingGroup : public dist::ProcessGroup {
+ public:
+  explicit CountingGroup(dist::ProcessGroup& g) : g_(g) {}
+  int rank() const override { return g_.rank(); }
+  int size() const override { return g_.size(); }
+  std::string backend_name() const override { return g_.backend_name(); }
+  std::shared_ptr<dist::Work> all_reduce_async(AnyTensor& t, dist::ReduceOp op) override {
+    ++calls;
+    return g_.all_reduce_async(t, op);
+  }
+  std::shared_ptr<dist::Work> broadcast_async(AnyTensor& t, int root) override {
+    ++calls;
+    return g_.broadcast_async(t, root);
+  }
+  std::shared_ptr<dist::Work> reduce_scatter_async(AnyTensor& o, const AnyTensor& i, dist::ReduceOp op) override {
+    ++calls;
+    return g_.reduce_scatter_async(o, i, op);
+  }
+  std::shared_ptr<dist::Work> all_gather_async(AnyTensor& o, const AnyTensor& i) override {
+    ++calls;
+    ++gathers;
+    gathered_bytes += o.nbytes();
+    return g_.all_gather_async(o, i);
+  }
+  void barrier() override {
+    ++calls;
+    g_.barrier();
+  }
+  int calls = 0, gathers = 0;
+  size_t gathered_bytes = 0;
+
+ private:
+  dist::ProcessGroup& g_;
+};
+
+}  // namespace
+
+TEST_CASE("Same settings: agreeing ranks are silent, a disagreement is one warning from rank 0 naming each value",
+          "[dist][settings]") {
+  const dist::NumericSettings base = dist::local_numeric_settings();
+  SECTION("the real settings of thread ranks agree: no warning, no error") {
+    auto groups = dist::ThreadProcessGroup::create(3);
+    std::vector<std::vector<std::string>> got(3);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      dist::DataParallelOptions o;
+      o.same_settings.mode = dist::SettingsCheck::Error;
+      o.same_settings.warn = [&, r](const std::string& m) { got[static_cast<size_t>(r)].push_back(m); };
+      dist::DataParallel dp(make_mlp(1), g, o);
+    });
+    rethrow_any(errors);
+    for (auto& g : got) CHECK(g.empty());
+  }
+  SECTION("OPENBLAS_CORETYPE and the thread count differ on rank 1") {
+    auto groups = dist::ThreadProcessGroup::create(2);
+    std::vector<std::vector<std::string>> got(2);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      dist::DataParallelOptions o;
+      o.same_settings.mode = dist::SettingsCheck::Warn;
+      auto s = with_setting(base, "OPENBLAS_CORETYPE", r == 0 ? std::optional<std::string>("ZEN") : std::nullopt);
+      s = with_setting(s, "ember CPU threads", r == 0 ? "2" : "4");
+      o.same_settings.settings = s;
+      o.same_settings.warn = [&, r](const std::string& m) { got[static_cast<size_t>(r)].push_back(m); };
+      dist::DataParallel dp(make_mlp(1), g, o);
+    });
+    rethrow_any(errors);
+    REQUIRE(got[0].size() == 1);
+    CHECK(got[1].empty());
+    const std::string& m = got[0][0];
+    CHECK_THAT(m, Catch::StartsWith("ember DataParallel: ranks disagree on settings that change numerics: "));
+    CHECK_THAT(m, Catch::Contains("OPENBLAS_CORETYPE rank0=ZEN rank1=(unset)"));
+    CHECK_THAT(m, Catch::Contains("ember CPU threads rank0=2 rank1=4"));
+    CHECK_THAT(m, Catch::Contains("results may differ in the last digits"));
+    CHECK_THAT(m, Catch::Contains("mpirun -x OPENBLAS_CORETYPE (Slurm: srun --export=ALL)"));
+    CHECK_THAT(m, Catch::Contains("ember::set_num_threads"));
+    CHECK_THAT(m, Catch::Contains("EMBER_REQUIRE_SAME_SETTINGS=1"));
+    // Only the differing settings are named.
+    CHECK_THAT(m, !Catch::Contains("ember version") && !Catch::Contains("OMP_NUM_THREADS"));
+  }
+  SECTION("the default sink is std::cerr, one line from rank 0") {
+    auto groups = dist::ThreadProcessGroup::create(2);
+    std::ostringstream captured;
+    std::streambuf* old = std::cerr.rdbuf(captured.rdbuf());
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      dist::SameSettingsOptions o;
+      o.mode = dist::SettingsCheck::Warn;
+      o.settings = with_setting(base, "MKL_CBWR", r == 1 ? std::optional<std::string>("AVX2") : std::nullopt);
+      dist::check_same_settings(g, "DataParallel", o);
+    });
+    std::cerr.rdbuf(old);
+    rethrow_any(errors);
+    const std::string out = captured.str();
+    CHECK_THAT(out, Catch::StartsWith("warning: ember DataParallel: ranks disagree") &&
+                        Catch::Contains("MKL_CBWR rank0=(unset) rank1=AVX2") && Catch::Contains("mpirun -x MKL_CBWR"));
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  }
+  SECTION("a version or build difference asks for the same build") {
+    auto groups = dist::ThreadProcessGroup::create(2);
+    std::vector<std::string> msgs(2);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      dist::SameSettingsOptions o;
+      o.mode = dist::SettingsCheck::Warn;
+      o.settings = with_setting(base, "ember version", r == 0 ? "0.1.0" : "0.2.0");
+      o.warn = [](const std::string&) {};
+      msgs[static_cast<size_t>(r)] = dist::check_same_settings(g, "DataParallel", o);
+    });
+    rethrow_any(errors);
+    CHECK(msgs[0] == msgs[1]);
+    CHECK_THAT(msgs[0], Catch::Contains("ember version rank0=0.1.0 rank1=0.2.0") &&
+                            Catch::Contains("same build of ember") && !Catch::Contains("mpirun -x"));
+  }
+}
+
+TEST_CASE("Same settings: the error option throws the same DistributedError on every rank, without a hang",
+          "[dist][settings]") {
+  const dist::NumericSettings base = dist::local_numeric_settings();
+  SECTION("DataParallel, Error asked on rank 2 only: all three ranks throw") {
+    auto groups = dist::ThreadProcessGroup::create(3);
+    std::atomic<int> warnings{0};
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      dist::DataParallelOptions o;
+      o.same_settings.mode = r == 2 ? dist::SettingsCheck::Error : dist::SettingsCheck::Warn;
+      o.same_settings.settings = with_setting(base, "OMP_NUM_THREADS", r == 1 ? "1" : "2");
+      o.same_settings.warn = [&](const std::string&) { ++warnings; };
+      dist::DataParallel dp(make_mlp(1), g, o);
+    });
+    CHECK(warnings == 0);
+    for (int r = 0; r < 3; ++r) {
+      REQUIRE(errors[static_cast<size_t>(r)]);
+      CHECK_THROWS_AS(std::rethrow_exception(errors[static_cast<size_t>(r)]), DistributedError);
+      CHECK_THROWS_WITH(std::rethrow_exception(errors[static_cast<size_t>(r)]),
+                        Catch::Contains("OMP_NUM_THREADS rank0=2 rank1=1 rank2=2") &&
+                            Catch::Contains("An error because SettingsCheck::Error or EMBER_REQUIRE_SAME_SETTINGS=1"));
+    }
+  }
+  SECTION("ZeroRedundancyOptimizer checks too") {
+    auto groups = dist::ThreadProcessGroup::create(2);
+    std::vector<std::string> warned(2), thrown(2);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      auto m = make_mlp(1);
+      auto factory = [](std::vector<AnyTensor> ps) { return std::make_unique<optim::SGD>(std::move(ps)); };
+      dist::SameSettingsOptions o;
+      o.mode = dist::SettingsCheck::Warn;
+      o.settings = with_setting(base, "OPENBLAS_NUM_THREADS", r == 0 ? "1" : "8");
+      o.warn = [&, r](const std::string& s) { warned[static_cast<size_t>(r)] = s; };
+      dist::ZeroRedundancyOptimizer warn_zero(m->parameters(), g, factory, o);
+      o.mode = dist::SettingsCheck::Error;
+      try {  // no Catch2 assertions on the rank threads
+        dist::ZeroRedundancyOptimizer error_zero(m->parameters(), g, factory, o);
+      } catch (const DistributedError& e) {
+        thrown[static_cast<size_t>(r)] = e.what();
+      }
+    });
+    rethrow_any(errors);
+    CHECK_THAT(warned[0], Catch::StartsWith("ember ZeroRedundancyOptimizer: ranks disagree") &&
+                              Catch::Contains("OPENBLAS_NUM_THREADS rank0=1 rank1=8"));
+    CHECK(warned[1].empty());
+    for (const std::string& t : thrown) CHECK_THAT(t, Catch::Contains("OPENBLAS_NUM_THREADS rank0=1 rank1=8"));
+  }
+}
+
+TEST_CASE("Same settings: one small all_gather at construction, none for Off or one rank, many ranks grouped",
+          "[dist][settings]") {
+  SECTION("collective count") {
+    auto groups = dist::ThreadProcessGroup::create(2);
+    std::vector<int> off_calls(2), on_calls(2), on_gathers(2), off_gathers(2);
+    std::vector<size_t> bytes(2);
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      CountingGroup off(g), on(g);
+      dist::DataParallelOptions o;
+      o.same_settings.mode = dist::SettingsCheck::Off;
+      { dist::DataParallel dp(make_mlp(1), off, o); }
+      o.same_settings.mode = dist::SettingsCheck::Error;
+      { dist::DataParallel dp(make_mlp(1), on, o); }
+      off_calls[static_cast<size_t>(r)] = off.calls;
+      on_calls[static_cast<size_t>(r)] = on.calls;
+      off_gathers[static_cast<size_t>(r)] = off.gathers;
+      on_gathers[static_cast<size_t>(r)] = on.gathers;
+      bytes[static_cast<size_t>(r)] = on.gathered_bytes - off.gathered_bytes;
+    });
+    rethrow_any(errors);
+    for (size_t r = 0; r < 2; ++r) {
+      CHECK(on_calls[r] == off_calls[r] + 1);
+      CHECK(on_gathers[r] == off_gathers[r] + 1);
+      CHECK(bytes[r] == 2 * dist::kSettingsBytes);
+    }
+    auto one = dist::ThreadProcessGroup::create(1);
+    CountingGroup solo(*one[0]);
+    dist::SameSettingsOptions o;
+    o.mode = dist::SettingsCheck::Error;
+    CHECK(dist::check_same_settings(solo, "DataParallel", o).empty());
+    CHECK(solo.calls == 0);
+  }
+  SECTION("nine ranks: the values grouped by rank ranges") {
+    const dist::NumericSettings base = dist::local_numeric_settings();
+    auto groups = dist::ThreadProcessGroup::create(9);
+    std::string msg;
+    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+      dist::SameSettingsOptions o;
+      o.mode = dist::SettingsCheck::Warn;
+      o.settings =
+          with_setting(base, "OPENBLAS_CORETYPE", r == 4 || r >= 6 ? std::nullopt : std::optional<std::string>("ZEN"));
+      o.warn = [&](const std::string& m) { msg = m; };  // rank 0 only
+      dist::check_same_settings(g, "DataParallel", o);
+    });
+    rethrow_any(errors);
+    CHECK_THAT(msg, Catch::Contains("OPENBLAS_CORETYPE: ZEN on ranks 0-3,5, (unset) on ranks 4,6-8"));
+  }
+}
+
+TEST_CASE("Same settings: the exchanged bytes and EMBER_REQUIRE_SAME_SETTINGS", "[dist][settings]") {
+  SECTION("encode/decode round trip; long and odd values; malformed bytes never crash") {
+    dist::NumericSettings s = {{"A", std::string("x=y")}, {"B", std::nullopt}, {"C", std::string("")},
+                               {"D", std::string("line\nbreak")}, {"E", std::string(5000, 'v')}};
+    auto bytes = dist::settings_detail::encode(s, dist::SettingsCheck::Error);
+    REQUIRE(bytes.size() == dist::kSettingsBytes);
+    auto d = dist::settings_detail::decode(bytes.data(), bytes.size());
+    CHECK(d.format == dist::kSettingsFormat);
+    CHECK(d.mode == static_cast<uint8_t>(dist::SettingsCheck::Error));
+    REQUIRE(d.settings.size() == 5);
+    CHECK(d.settings[0].value == std::optional<std::string>("x=y"));
+    CHECK(!d.settings[1].value);
+    CHECK(d.settings[2].value == std::optional<std::string>(""));
+    CHECK(d.settings[3].value == std::optional<std::string>("line?break"));
+    CHECK(d.settings[4].value->size() == dist::kMaxSettingValue);
+    // A setting that one rank did not send.
+    auto d2 = d;
+    d2.settings.pop_back();
+    CHECK_THAT(dist::settings_detail::compare({d, d2}, "DataParallel"), Catch::Contains("rank1=(not sent)"));
+    CHECK(dist::settings_detail::compare({d, d}, "DataParallel").empty());
+    std::mt19937 rng(7);
+    for (int i = 0; i < 200; ++i) {
+      std::vector<uint8_t> junk(static_cast<size_t>(rng() % 64));
+      for (auto& b : junk) b = static_cast<uint8_t>(rng() % 4 == 0 ? '\n' : rng() % 4 == 1 ? '=' : rng());
+      auto j = dist::settings_detail::decode(junk.data(), junk.size());
+      (void)dist::settings_detail::compare({d, j}, "DataParallel");
+    }
+    auto e = dist::settings_detail::decode(nullptr, 0);
+    CHECK(e.settings.empty());
+  }
+  SECTION("the local settings name the BLAS and threading variables") {
+    auto s = dist::local_numeric_settings();
+    std::vector<std::string> names;
+    for (auto& e : s) names.push_back(e.name);
+    for (const char* n : {"ember version", "ember CPU threads", "OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS",
+                          "OMP_NUM_THREADS", "MKL_CBWR", "compiled with OpenMP"})
+      CHECK(std::find(names.begin(), names.end(), n) != names.end());
+    CHECK(s[0].value == std::optional<std::string>(kVersionString));
+    CHECK(s[1].value == std::optional<std::string>(std::to_string(get_num_threads())));
+  }
+  SECTION("EMBER_REQUIRE_SAME_SETTINGS") {
+    // Restores the variable (set by nobody else in this process).
+    const char* old = std::getenv("EMBER_REQUIRE_SAME_SETTINGS");
+    const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+    ::unsetenv("EMBER_REQUIRE_SAME_SETTINGS");
+    CHECK(dist::default_settings_check() == dist::SettingsCheck::Warn);
+    ::setenv("EMBER_REQUIRE_SAME_SETTINGS", "1", 1);
+    CHECK(dist::default_settings_check() == dist::SettingsCheck::Error);
+    CHECK(dist::DataParallelOptions{}.same_settings.mode == dist::SettingsCheck::Error);
+    ::setenv("EMBER_REQUIRE_SAME_SETTINGS", "0", 1);
+    CHECK(dist::default_settings_check() == dist::SettingsCheck::Warn);
+    ::setenv("EMBER_REQUIRE_SAME_SETTINGS", "yes", 1);
+    CHECK_THROWS_AS(dist::default_settings_check(), ValueError);
+    CHECK_THROWS_WITH(dist::default_settings_check(), Catch::Contains("EMBER_REQUIRE_SAME_SETTINGS='yes'"));
+    if (saved)
+      ::setenv("EMBER_REQUIRE_SAME_SETTINGS", saved->c_str(), 1);
+    else
+      ::unsetenv("EMBER_REQUIRE_SAME_SETTINGS");
   }
 }

@@ -17,6 +17,12 @@
 //                             (dist::kTimeoutAbortStatus) and kills rank 1.
 //   test_mpi_failures env     no MPI: the parsing of EMBER_DIST_TIMEOUT_S and
 //                             EMBER_DIST_ABORT_ON_TIMEOUT (values and error messages).
+//   test_mpi_failures settings  2 ranks started with different environments (MPMD:
+//                             `-np 1 env MKL_CBWR=AVX2 prog settings : -np 1 env -u MKL_CBWR prog
+//                             settings`): DataParallel's start-up check (distributed/same_settings.hpp)
+//                             warns on rank 0 only, naming MKL_CBWR and both values; agreeing
+//                             settings are silent; SettingsCheck::Error on one rank throws
+//                             DistributedError on both, and the group still works afterwards.
 // In throw/exit the other ranks sit in blocking all_reduces with a 5 s timeout; no rank may hang.
 #include <chrono>
 #include <cstdio>
@@ -26,7 +32,13 @@
 #include <string>
 #include <thread>
 
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "ember/distributed/data_parallel.hpp"
 #include "ember/distributed/mpi.hpp"
+#include "ember/nn/linear.hpp"
 
 using namespace ember;
 
@@ -113,6 +125,83 @@ int run_env() {
   return g_failures == 0 ? 0 : 1;
 }
 
+int run_settings() {
+  auto pg = dist::init_from_environment({.timeout = std::chrono::seconds(20)});
+  const int r = pg->rank();
+  int failures = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::printf("rank %d: FAILED: %s\n", r, what.c_str());
+      ++failures;
+    }
+  };
+  auto has = [](const std::string& s, const char* part) { return s.find(part) != std::string::npos; };
+  const char* cbwr = std::getenv("MKL_CBWR");
+  expect(pg->size() == 2, "two ranks");
+  expect((r == 0) == (cbwr != nullptr && std::string(cbwr) == "AVX2"),
+         "only rank 0 has MKL_CBWR=AVX2 (the MPMD launch of tests/distributed/CMakeLists.txt)");
+  auto model = std::make_shared<nn::Linear>(4, 3);
+  const char* want = "MKL_CBWR rank0=AVX2 rank1=(unset)";
+
+  // Warn through a hook: rank 0 alone, once, naming the variable, both values and the fix.
+  std::vector<std::string> got;
+  dist::DataParallelOptions o;
+  o.same_settings.mode = dist::SettingsCheck::Warn;
+  o.same_settings.warn = [&](const std::string& m) { got.push_back(m); };
+  { dist::DataParallel dp(model, *pg, o); }
+  if (r == 0)
+    expect(got.size() == 1 && has(got[0], want) && has(got[0], "mpirun -x MKL_CBWR (Slurm: srun --export=ALL)"),
+           "rank 0 warns once naming MKL_CBWR: " + (got.empty() ? std::string("(nothing)") : got[0]));
+  else
+    expect(got.empty(), "rank 1 does not warn");
+
+  // Agreeing settings (this process's, less MKL_CBWR): silent.
+  dist::NumericSettings s = dist::local_numeric_settings();
+  std::erase_if(s, [](const dist::NumericSetting& e) { return e.name == "MKL_CBWR"; });
+  got.clear();
+  o.same_settings.settings = s;
+  { dist::DataParallel dp(model, *pg, o); }
+  expect(got.empty(), "agreeing settings: no warning");
+
+  // SettingsCheck::Error on rank 1 only: both ranks throw, neither waits in a collective.
+  o.same_settings.settings.reset();
+  o.same_settings.mode = r == 1 ? dist::SettingsCheck::Error : dist::SettingsCheck::Warn;
+  std::string thrown;
+  try {
+    dist::DataParallel dp(model, *pg, o);
+  } catch (const DistributedError& e) {
+    thrown = e.what();
+  }
+  expect(has(thrown, want), "DistributedError on every rank naming MKL_CBWR: " + thrown);
+  expect(got.empty(), "no warning when it is an error");
+
+  // The default sink: std::cerr, on rank 0 (copied to stdout here so the test log shows it).
+  std::ostringstream captured;
+  std::streambuf* old = std::cerr.rdbuf(captured.rdbuf());
+  {
+    dist::DataParallelOptions d;
+    d.same_settings.mode = dist::SettingsCheck::Warn;
+    dist::DataParallel dp(model, *pg, d);
+  }
+  std::cerr.rdbuf(old);
+  if (r == 0) {
+    expect(has(captured.str(), "warning: ember DataParallel: ranks disagree on settings that change numerics") &&
+               has(captured.str(), want),
+           "the default warning goes to std::cerr");
+    std::printf("rank 0 stderr: %s", captured.str().c_str());
+  } else {
+    expect(captured.str().empty(), "rank 1 writes nothing to std::cerr");
+  }
+
+  // The group still works.
+  FloatTensor t = FloatTensor::ones({4});
+  pg->all_reduce(t, dist::ReduceOp::Sum);
+  expect(t.to_vector()[0] == 2.f, "an all_reduce after the checks");
+  std::printf("rank %d: settings: %s\n", r, failures ? "FAILURES" : "all checks passed");
+  std::fflush(stdout);
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,6 +209,7 @@ int main(int argc, char** argv) {
   if (mode == "throw" || mode == "exit") return run(mode);
   if (mode == "stall") return run_stall();
   if (mode == "env") return run_env();
-  std::fprintf(stderr, "usage: %s throw|exit|stall|env\n", argv[0]);
+  if (mode == "settings") return run_settings();
+  std::fprintf(stderr, "usage: %s throw|exit|stall|env|settings\n", argv[0]);
   return 2;
 }

@@ -10,7 +10,9 @@
 //   opt.step();                                   // every rank takes the same step
 //
 // How (as torch's Reducer):
-// - At construction the parameter names, shapes and dtypes of every rank are compared (each
+// - At construction the ranks first compare the settings that change numerics
+//   (DataParallelOptions::same_settings, distributed/same_settings.hpp: a warning from rank 0 by
+//   default). Then the parameter names, shapes and dtypes of every rank are compared (each
 //   rank's fingerprints are all-gathered); a mismatch is a DistributedError on every rank that
 //   names the first differing parameter and the ranks. Then rank 0's parameters and buffers are
 //   broadcast to all ranks.
@@ -51,6 +53,7 @@
 #include "ember/amp/grad_scaler.hpp"
 #include "ember/autograd/engine.hpp"
 #include "ember/distributed/process_group.hpp"
+#include "ember/distributed/same_settings.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/optim/optimizer.hpp"
 
@@ -68,6 +71,11 @@ struct DataParallelOptions {
   // parameter whose gradient arrives twice in one backward (used both inside and outside a
   // checkpointed segment) is an error.
   bool gradient_as_bucket_view = false;
+  // At construction the ranks compare the settings that change numerics (ember's version, thread
+  // counts, the BLAS kernel, OPENBLAS_CORETYPE, OMP_NUM_THREADS, ...: distributed/same_settings.hpp):
+  // rank 0 warns when they disagree (default), or every rank throws DistributedError
+  // (SettingsCheck::Error, or EMBER_REQUIRE_SAME_SETTINGS=1). One all_gather; Off skips it.
+  SameSettingsOptions same_settings;
 };
 
 namespace dp_detail {
@@ -92,6 +100,7 @@ class DataParallel {
       : module_(std::move(module)), group_(group), state_(std::make_shared<State>()) {
     EMBER_CHECK(module_ != nullptr, ValueError, "DataParallel: null module");
     state_->group = &group_;
+    check_same_settings(group_, "DataParallel", options.same_settings);
     auto named = module_->named_parameters();
     check_replicas(named, group_);
     state_->as_view = options.gradient_as_bucket_view;

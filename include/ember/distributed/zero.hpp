@@ -21,13 +21,16 @@
 //   LAMB-style trust ratios) would not.
 // - Used together with DataParallel, the gradients are already averaged; the reduce_scatter
 //   averages identical values (correct, redundant communication).
-// - The construction broadcasts rank 0's parameters, so all replicas start equal.
+// - The construction compares the ranks' settings that change numerics (same_settings: a warning
+//   from rank 0 by default, see distributed/same_settings.hpp), then broadcasts rank 0's
+//   parameters, so all replicas start equal.
 // - local_optimizer() is the shard's optimizer (hyperparameters, lr schedulers, its state_dict:
 //   each rank saves its own shard's state).
 #include <functional>
 #include <memory>
 
 #include "ember/distributed/process_group.hpp"
+#include "ember/distributed/same_settings.hpp"
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::dist {
@@ -36,9 +39,11 @@ class ZeroRedundancyOptimizer {
  public:
   using Factory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<AnyTensor>)>;
 
-  ZeroRedundancyOptimizer(std::vector<AnyTensor> params, ProcessGroup& group, Factory factory)
+  ZeroRedundancyOptimizer(std::vector<AnyTensor> params, ProcessGroup& group, Factory factory,
+                          SameSettingsOptions same_settings = {})
       : params_(std::move(params)), group_(group) {
     EMBER_CHECK(!params_.empty(), ValueError, "ZeroRedundancyOptimizer: no parameters");
+    check_same_settings(group_, "ZeroRedundancyOptimizer", same_settings);
     dtype_ = params_[0].dtype();
     device_ = params_[0].device();
     for (const AnyTensor& p : params_) {
