@@ -28,8 +28,8 @@ class Conv2d : public ModuleBase<Conv2d> {
                 opt.groups);
     weight = register_parameter(
         "weight", AnyTensor::empty({out_channels, in_channels / opt.groups, kernel_size[0], kernel_size[1]}, opt.dtype,
-                                   opt.device));
-    if (opt.bias) bias = register_parameter("bias", AnyTensor::empty({out_channels}, opt.dtype, opt.device));
+                                   opt.device, "Conv2d"));
+    if (opt.bias) bias = register_parameter("bias", AnyTensor::empty({out_channels}, opt.dtype, opt.device, "Conv2d"));
     init::default_layer_init(weight, opt.bias ? &bias : nullptr);
   }
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dOptions opt = {})

@@ -17,7 +17,7 @@ class Embedding : public ModuleBase<Embedding> {
   Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions opt = {}) {
     EMBER_CHECK(num_embeddings > 0 && embedding_dim > 0, ValueError, "Embedding: sizes must be positive, got ",
                 num_embeddings, " x ", embedding_dim);
-    weight = register_parameter("weight", AnyTensor::empty({num_embeddings, embedding_dim}, opt.dtype, opt.device));
+    weight = register_parameter("weight", AnyTensor::empty({num_embeddings, embedding_dim}, opt.dtype, opt.device, "Embedding"));
     init::normal_(weight);
   }
   std::string type_name() const override { return "Embedding"; }

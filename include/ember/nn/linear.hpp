@@ -18,8 +18,8 @@ class Linear : public ModuleBase<Linear> {
       : in_features_(in_features), out_features_(out_features) {
     EMBER_CHECK(in_features > 0 && out_features > 0, ValueError, "Linear: features must be positive, got ",
                 in_features, " -> ", out_features);
-    weight = register_parameter("weight", AnyTensor::empty({out_features, in_features}, opt.dtype, opt.device));
-    if (opt.bias) bias = register_parameter("bias", AnyTensor::empty({out_features}, opt.dtype, opt.device));
+    weight = register_parameter("weight", AnyTensor::empty({out_features, in_features}, opt.dtype, opt.device, "Linear"));
+    if (opt.bias) bias = register_parameter("bias", AnyTensor::empty({out_features}, opt.dtype, opt.device, "Linear"));
     init::default_layer_init(weight, opt.bias ? &bias : nullptr);
   }
   std::string type_name() const override { return "Linear"; }

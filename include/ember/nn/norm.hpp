@@ -10,6 +10,7 @@
 // Variances are biased (divide by n) when normalising; BatchNorm's running_var is updated with the
 // unbiased batch variance (n / (n - 1)), as PyTorch does.
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ember/nn/init.hpp"
@@ -18,6 +19,16 @@
 #include "ember/ops/batch_norm.hpp"
 
 namespace ember::nn {
+
+namespace detail {
+// "[2, -1]": a normalized_shape as written, for messages (Shape would refuse a negative size while
+// the message is being built, and the error would name Shape instead of the layer).
+inline std::string dims_str(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+}  // namespace detail
 
 namespace functional {
 // (x - mean) / sqrt(var + eps) over the trailing normalized_shape dimensions, then * weight + bias
@@ -33,7 +44,7 @@ Tensor<T> layer_norm(const Tensor<T>& x, const std::vector<int64_t>& normalized_
   bool ok = x.dim() >= k;
   for (int i = 0; ok && i < k; ++i) ok = x.shape()[x.dim() - k + i] == normalized_shape[static_cast<size_t>(i)];
   EMBER_CHECK(ok, ShapeError, "layer_norm: input ", x.desc(), " does not end in normalized_shape ",
-              Shape(normalized_shape).str());
+              detail::dims_str(normalized_shape));
   // The fused kernel (ops/norm.hpp) when the parameters have the input's dtype; otherwise (fp16
   // activations with fp32 parameters) the composite below, in the compute type.
   int64_t cols = 1;
@@ -65,7 +76,7 @@ Tensor<T> rms_norm(const Tensor<T>& x, const std::vector<int64_t>& normalized_sh
   bool ok = x.dim() >= k;
   for (int i = 0; ok && i < k; ++i) ok = x.shape()[x.dim() - k + i] == normalized_shape[static_cast<size_t>(i)];
   EMBER_CHECK(ok, ShapeError, "rms_norm: input ", x.desc(), " does not end in normalized_shape ",
-              Shape(normalized_shape).str());
+              detail::dims_str(normalized_shape));
   int64_t cols = 1;
   for (int64_t d : normalized_shape) cols *= d;
   if (eps < 0)  // torch.finfo(dtype).eps
@@ -91,7 +102,7 @@ class LayerNorm : public ModuleBase<LayerNorm> {
   explicit LayerNorm(std::vector<int64_t> normalized_shape, LayerNormOptions opt = {})
       : shape_(std::move(normalized_shape)), eps_(opt.eps) {
     EMBER_CHECK(!shape_.empty(), ValueError, "LayerNorm: normalized_shape must have at least one dimension");
-    for (int64_t d : shape_) EMBER_CHECK(d > 0, ValueError, "LayerNorm: normalized_shape ", Shape(shape_).str(),
+    for (int64_t d : shape_) EMBER_CHECK(d > 0, ValueError, "LayerNorm: normalized_shape ", detail::dims_str(shape_),
                                          " must be positive");
     if (opt.elementwise_affine) {
       weight = register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, opt.dtype, opt.device));
@@ -130,7 +141,7 @@ class RMSNorm : public ModuleBase<RMSNorm> {
   explicit RMSNorm(std::vector<int64_t> normalized_shape, RMSNormOptions opt = {})
       : shape_(std::move(normalized_shape)), eps_(opt.eps) {
     EMBER_CHECK(!shape_.empty(), ValueError, "RMSNorm: normalized_shape must have at least one dimension");
-    for (int64_t d : shape_) EMBER_CHECK(d > 0, ValueError, "RMSNorm: normalized_shape ", Shape(shape_).str(),
+    for (int64_t d : shape_) EMBER_CHECK(d > 0, ValueError, "RMSNorm: normalized_shape ", detail::dims_str(shape_),
                                          " must be positive");
     if (opt.elementwise_affine) weight = register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, opt.dtype, opt.device));
   }
@@ -202,6 +213,9 @@ class BatchNormBase : public ModuleBase<Derived> {
     Tensor<C> xc = x.template to<C>();
     Tensor<C> y;
     const bool batch_stats = this->is_training() || !opt_.track_running_stats;
+    // An empty batch: an empty output (still on the graph) and no change to the running
+    // statistics, as PyTorch's batch_norm returns for an input with no elements.
+    if (x.numel() == 0) return Tensor<T>(op::mul(x, 1.0));
     if (batch_stats) {
       const int64_t n = x.numel() / num_features_;
       EMBER_CHECK(!this->is_training() || n > 1, ValueError, name_,

@@ -62,7 +62,9 @@ inline AnyTensor conv2d(const AnyTensor& x, const AnyTensor& weight, const AnyTe
   EMBER_CHECK(weight.dim() == 4, ShapeError, "conv2d: weight must be [C_out, C_in/groups, kh, kw], got ", weight.desc());
   EMBER_CHECK(o.groups >= 1 && o.stride[0] >= 1 && o.stride[1] >= 1 && o.dilation[0] >= 1 && o.dilation[1] >= 1 &&
                   o.padding[0] >= 0 && o.padding[1] >= 0,
-              ValueError, "conv2d: stride, dilation and groups must be positive and padding non-negative");
+              ValueError, "conv2d: stride, dilation and groups must be positive and padding non-negative, got stride ",
+              o.stride[0], "x", o.stride[1], ", padding ", o.padding[0], "x", o.padding[1], ", dilation ",
+              o.dilation[0], "x", o.dilation[1], ", groups ", o.groups, " for input ", x.desc());
   const int64_t cin = x.shape()[1], cout = weight.shape()[0];
   EMBER_CHECK(cin % o.groups == 0 && cout % o.groups == 0 && weight.shape()[1] * o.groups == cin, ShapeError,
               "conv2d: input ", x.desc(), " and weight ", weight.desc(), " do not match with groups=", o.groups,

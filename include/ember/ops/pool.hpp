@@ -40,6 +40,9 @@ inline Pool2dArgs pool_args(const char* op, const AnyTensor& x, const Pool2dOpti
   p.w = x.shape()[3];
   p.kh = o.kernel[0];
   p.kw = o.kernel[1];
+  // 0 means "the kernel size" (torch's default); a negative stride used to become it silently.
+  EMBER_CHECK(o.stride[0] >= 0 && o.stride[1] >= 0, ValueError, op, ": stride must be positive (or 0 for the ",
+              "kernel size), got ", o.stride[0], "x", o.stride[1]);
   p.stride_h = o.stride[0] > 0 ? o.stride[0] : p.kh;
   p.stride_w = o.stride[1] > 0 ? o.stride[1] : p.kw;
   p.pad_h = o.padding[0];
@@ -95,7 +98,8 @@ inline AnyTensor adaptive_avg_pool2d(const AnyTensor& x, std::array<int64_t, 2> 
   Pool2dOptions o;
   o.kernel = {1, 1};
   Pool2dArgs p = detail::pool_args("adaptive_avg_pool2d", x, o);
-  EMBER_CHECK(output_size[0] > 0 && output_size[1] > 0, ValueError, "adaptive_avg_pool2d: output size must be positive");
+  EMBER_CHECK(output_size[0] > 0 && output_size[1] > 0, ValueError, "adaptive_avg_pool2d: output size must be positive, got ",
+              output_size[0], "x", output_size[1], " for input ", x.desc());
   p.out_h = output_size[0];
   p.out_w = output_size[1];
   p.adaptive = true;

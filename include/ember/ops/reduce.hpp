@@ -29,7 +29,12 @@ inline std::vector<int> reduce_dims(const char* op, const AnyTensor& x, const st
   if (dims.empty()) {
     for (int i = 0; i < x.dim(); ++i) out.push_back(i);
   } else {
-    for (int d : dims) out.push_back(normalize_dim(d, std::max(x.dim(), 1), op));
+    for (int d : dims) {
+      // A 0-d tensor takes dimension 0 or -1, as in PyTorch; the message says rank 0, not 1.
+      EMBER_CHECK(x.dim() > 0 || d == 0 || d == -1, IndexError, op, ": dimension ", d,
+                  " out of range for a tensor of rank 0 (", x.desc(), " takes dimension 0 or -1)");
+      out.push_back(normalize_dim(d, std::max(x.dim(), 1), op));
+    }
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -61,7 +66,8 @@ inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const std::vector<int>&
   detail::OpScope op_scope(name, x);
   detail::check_defined(name, x);
   std::vector<int> rd = detail::reduce_dims(name, x, dims);
-  if (op != ReduceOp::Sum) {
+  // Sums over nothing are 0 and means NaN (0/0), as in PyTorch; extrema of nothing do not exist.
+  if (op != ReduceOp::Sum && op != ReduceOp::Mean) {
     for (int d : rd)
       EMBER_CHECK(x.shape()[d] > 0, ShapeError, name, ": cannot reduce over the empty dimension ", d, " of ",
                   x.desc());
@@ -170,6 +176,8 @@ inline AnyTensor var(const AnyTensor& x, const std::vector<int>& dims = {}, doub
 inline AnyTensor std(const AnyTensor& x, const std::vector<int>& dims = {}, double correction = 1.0,
                      bool keepdim = false) {
   detail::check_defined("std", x);
+  detail::check_floating("std", x);
+  detail::reduce_dims("std", x, dims);  // a bad dimension is named as std's, not var's
   return sqrt(var(x, dims, correction, keepdim));
 }
 

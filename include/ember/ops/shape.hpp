@@ -78,6 +78,10 @@ inline AnyTensor unsqueeze(const AnyTensor& x, int d) {
 
 inline AnyTensor squeeze(const AnyTensor& x, int d) {
   detail::check_defined("squeeze", x);
+  if (x.dim() == 0) {  // torch.squeeze of a 0-d tensor takes dimension 0 or -1 and returns it
+    normalize_dim(d, 1, "squeeze");
+    return x;
+  }
   int n = normalize_dim(d, x.dim(), "squeeze");
   if (x.shape()[n] != 1) return x;
   std::vector<int64_t> s = x.shape().vec();
@@ -189,6 +193,7 @@ inline std::vector<AnyTensor> split(const AnyTensor& x, const std::vector<int64_
 
 // `chunks` nearly equal pieces along dim (the last may be smaller), like torch.chunk.
 inline std::vector<AnyTensor> chunk(const AnyTensor& x, int64_t chunks, int dim = 0) {
+  detail::check_defined("chunk", x);
   EMBER_CHECK(chunks > 0, ValueError, "chunk: chunks must be positive, got ", chunks);
   int d = normalize_dim(dim, x.dim(), "chunk");
   // ceil(n / chunks) without n + chunks - 1 (which overflows for chunks near INT64_MAX and made

@@ -27,7 +27,10 @@ inline AnyTensor softmax_dim(const char* name, const AnyTensor& x, int dim, bool
   OpScope op_scope(name, x);
   check_defined(name, x);
   check_floating(name, x);
-  if (x.dim() == 0) return softmax_last(x, log);
+  if (x.dim() == 0) {  // dimension 0 or -1, as in PyTorch
+    normalize_dim(dim, 1, name);
+    return softmax_last(x, log);
+  }
   int d = normalize_dim(dim, x.dim(), name);
   if (d == x.dim() - 1) return softmax_last(x, log);
   // Move the dimension last, compute, move it back (tensors are contiguous).

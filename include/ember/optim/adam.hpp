@@ -46,7 +46,7 @@ class AdamBase : public Optimizer {
                    weight_decay = h.at("weight_decay");
       const bool amsgrad = flag(h, "amsgrad"), maximize = flag(h, "maximize");
       for (AnyTensor& p : group.params) {
-        const AnyTensor grad = p.grad();
+        const AnyTensor grad = grad_of(p);
         if (!grad.defined()) continue;
         const DType sd = state_dtype(p.dtype());
         ParamState& st = state_for(p);

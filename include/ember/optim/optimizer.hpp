@@ -287,6 +287,19 @@ class Optimizer {
     groups_.push_back(ParamGroup{std::move(params), std::move(options)});
   }
 
+  // p's gradient (undefined when it has none), checked against p: a gradient set by hand with
+  // another shape would broadcast into the update ([1] into [2, 3]) or fail inside an op that names
+  // no optimizer, and an integer one would be cast silently (PyTorch refuses both when .grad is set).
+  AnyTensor grad_of(const AnyTensor& p) const {
+    AnyTensor g = p.grad();
+    if (!g.defined()) return g;
+    EMBER_CHECK(g.shape() == p.shape(), ShapeError, name_, ".step: the gradient ", g.desc(), " of parameter ",
+                p.desc(), " has another shape");
+    EMBER_CHECK(is_floating(g.dtype()), DTypeError, name_, ".step: the gradient ", g.desc(), " of parameter ",
+                p.desc(), " must be floating point");
+    return g;
+  }
+
   // The state of p, created empty on first use.
   ParamState& state_for(const AnyTensor& p) {
     ParamState& st = state_[p.impl()];

@@ -48,7 +48,7 @@ class RMSprop : public Optimizer {
                    momentum = h.at("momentum");
       const bool centered = flag(h, "centered"), maximize = flag(h, "maximize");
       for (AnyTensor& p : group.params) {
-        const AnyTensor grad = p.grad();
+        const AnyTensor grad = grad_of(p);
         if (!grad.defined()) continue;
         const DType sd = detail::state_dtype(p.dtype());
         ParamState& st = state_for(p);

@@ -45,7 +45,7 @@ class SGD : public Optimizer {
                    weight_decay = h.at("weight_decay");
       const bool nesterov = flag(h, "nesterov"), maximize = flag(h, "maximize");
       for (AnyTensor& p : group.params) {
-        const AnyTensor grad = p.grad();
+        const AnyTensor grad = grad_of(p);
         if (!grad.defined()) continue;
         // A fused kernel (one pass over p, grad and buf) would replace this sequence of ops.
         const DType sd = detail::state_dtype(p.dtype());

@@ -89,7 +89,7 @@ inline AnyTensor AnyTensor::reshape(std::initializer_list<int64_t> dims) const {
       infer = static_cast<int>(i);
     } else {
       EMBER_CHECK(d[i] >= 0, ShapeError, "reshape: negative dimension ", d[i], " for ", desc());
-      known *= d[i];
+      known = checked::mul(known, d[i], "reshape", "the product of the new shape's sizes");
     }
   }
   if (infer >= 0) {
@@ -125,8 +125,9 @@ inline AnyTensor AnyTensor::slice(int64_t begin, int64_t end) const {
 inline AnyTensor AnyTensor::select(int64_t i) const {
   EMBER_CHECK(dim() >= 1, ShapeError, "select: needs at least one dimension, got ", desc());
   int64_t n = shape()[0];
+  const int64_t given = i;
   if (i < 0) i += n;
-  EMBER_CHECK(i >= 0 && i < n, IndexError, "select: index ", i, " out of range for dimension 0 of ", desc());
+  EMBER_CHECK(i >= 0 && i < n, IndexError, "select: index ", given, " out of range for dimension 0 of ", desc());
   std::vector<int64_t> rest(shape().begin() + 1, shape().end());
   return slice(i, i + 1).reshape(Shape(rest));
 }

@@ -3,6 +3,7 @@
 // the op, shapes, dtypes and devices (DESIGN.md decision 8), NumPy broadcasting, and the two
 // broadcasting adjoints (expand a gradient up, sum a gradient down).
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <vector>
 
@@ -150,8 +151,9 @@ inline AnyTensor reduce_dim_raw(ReduceOp op, const AnyTensor& x, int d) {
   os[d] = 1;
   const bool arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
   AnyTensor out = AnyTensor::empty(os, arg ? DType::Int64 : x.dtype(), x.device());
-  if (s[d] == 0) {  // sum over nothing is zero (max/min of nothing were rejected by the caller)
-    if (out.numel() > 0) out.backend().fill(out.dtype(), out.data_ptr(), out.numel(), 0.0);
+  if (s[d] == 0) {  // sum over nothing is zero, a mean 0/0 = NaN (max/min of nothing were rejected by the caller)
+    if (out.numel() > 0)
+      out.backend().fill(out.dtype(), out.data_ptr(), out.numel(), op == ReduceOp::Mean ? std::nan("") : 0.0);
     return out;
   }
   if (out.numel() > 0) x.backend().reduce(op, x.dtype(), x.data_ptr(), out.data_ptr(), outer, s[d], inner);
