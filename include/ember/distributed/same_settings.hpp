@@ -289,7 +289,8 @@ inline std::string check_same_settings(ProcessGroup& group, const std::string& w
       settings_detail::encode(options.settings ? *options.settings : local_numeric_settings(), options.mode);
   const Device dev = group.device();  // NCCL takes only tensors on its GPU
   AnyTensor local = Tensor<uint8_t>::from_vector(mine).to(dev);
-  AnyTensor all = AnyTensor::zeros(Shape{static_cast<int64_t>(kSettingsBytes) * world}, DType::UInt8, dev);
+  // Not zero-filled: the all_gather writes every byte.
+  AnyTensor all = AnyTensor::empty(Shape{static_cast<int64_t>(kSettingsBytes) * world}, DType::UInt8, dev);
   group.all_gather(all, local);
   const std::vector<uint8_t> bytes = Tensor<uint8_t>(all).to_vector();
   std::vector<settings_detail::Decoded> decoded;
