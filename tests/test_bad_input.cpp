@@ -19,6 +19,8 @@
 
 #include <ember/ember.hpp>
 
+#include "pretend_gpu.hpp"
+
 using namespace ember;
 
 namespace {
@@ -660,4 +662,94 @@ TEST_CASE("bad input: optimizers given mismatched state or gradients", "[bad_inp
   q.zero_grad();
   sgd.step();
   CHECK(p.to_vector() == std::vector<float>(6, 0.9f));
+}
+
+TEST_CASE("bad input: operands on different devices", "[bad_input][device]") {
+  testing::PretendGpu pretend;  // cuda:0 made of CPU kernels where there is no GPU
+  const Device gpu = Device::cuda(0);
+  const F x = F::ones({2, 3});
+  const F xg = F::ones({2, 3}, gpu);
+  const F img = F::ones({1, 2, 5, 5});
+  const F w = F::ones({4, 2, 3, 3});
+  const F wg = F::ones({4, 2, 3, 3}, gpu);
+  nn::MultiheadAttention mha(4, 2);
+  nn::Linear lin(3, 2);
+  nn::BatchNorm1d bn(3);
+  auto p = F::ones({2});
+  p.set_requires_grad(true);
+  optim::SGD sgd({p});
+  nn::CrossEntropyOptions wopt;
+  wopt.weight = F::ones({3}, gpu);
+  run_cases({
+      expect<DeviceError>("sub cpu - cuda:0", [&] { sub(x, xg); }, {"sub", "on cpu", "on cuda:0"}),
+      expect<DeviceError>("maximum cpu cuda:0", [&] { maximum(x, xg); }, {"maximum", "cuda:0"}),
+      expect<DeviceError>("lt cpu cuda:0", [&] { lt(x, xg); }, {"lt", "cuda:0"}),
+      expect<DeviceError>("where cpu condition, cuda:0 values", [&] { where(Tensor<uint8_t>::ones({2, 3}), xg, xg); },
+                          {"where", "uint8[2, 3] on cpu", "cuda:0"}),
+      expect<DeviceError>("concat cpu and cuda:0", [&] { concat(std::vector<F>{x, xg}); }, {"concat", "cuda:0"}),
+      expect<DeviceError>("gather cuda:0 index", [&] { gather(x, 1, I64::zeros({2, 1}, gpu)); }, {"gather", "cuda:0"}),
+      expect<DeviceError>("embedding cuda:0 ids", [&] { embedding(x, I64::zeros({1}, gpu)); }, {"embedding", "cuda:0"}),
+      expect<DeviceError>("conv2d cuda:0 weight", [&] { conv2d(img, wg); }, {"conv2d", "cuda:0"}),
+      expect<DeviceError>("conv2d cuda:0 bias", [&] { conv2d(img, w, F::ones({4}, gpu)); }, {"conv2d", "[4] on cuda:0"}),
+      expect<DeviceError>("layer_norm cuda:0 weight", [&] { op::layer_norm(x, 3, F::ones({3}, gpu)); },
+                          {"layer_norm", "weight", "cuda:0", "input's device cpu"}),
+      expect<DeviceError>("matmul cpu x cuda:0", [&] { matmul(x, F::ones({3, 2}, gpu)); }, {"matmul", "cuda:0"}),
+      expect<DeviceError>("cross_entropy cuda:0 target", [&] { nn::functional::cross_entropy(x, I64::zeros({2}, gpu)); },
+                          {"cross_entropy", "cuda:0"}),
+      expect<DeviceError>("cross_entropy cuda:0 class weight", [&] { nn::functional::cross_entropy(x, I64::zeros({2}), wopt); },
+                          {"cross_entropy", "cuda:0"}),
+      expect<DeviceError>("mse_loss cuda:0 target", [&] { nn::functional::mse_loss(x, xg); }, {"mse_loss", "cuda:0"}),
+      expect<DeviceError>("Linear on cpu given a cuda:0 input", [&] { lin(xg); }, {"matmul", "cuda:0", "on cpu"}),
+      expect<DeviceError>("MultiheadAttention cuda:0 key", [&] { mha.forward(F::ones({1, 2, 4}), F::ones({1, 2, 4}, gpu),
+                                                                            F::ones({1, 2, 4})); },
+                          {"MultiheadAttention", "cuda:0"}),
+      expect<DeviceError>("MultiheadAttention cuda:0 attn_mask",
+                          [&] { mha.forward(F::ones({1, 2, 4}), nn::AttentionMask{.attn_mask = F::zeros({2, 2}, gpu)}); },
+                          {"MultiheadAttention", "cuda:0"}),
+      expect<DeviceError>("BatchNorm1d on cpu given a cuda:0 input", [&] { bn(F::ones({4, 3}, gpu)); },
+                          {"BatchNorm1d(3)", "cuda:0", "on cpu"}),
+      expect<DeviceError>("SGD.step with a cuda:0 gradient for a cpu parameter",
+                          [&] { p.set_grad(F::ones({2}, gpu)); sgd.step(); }, {"SGD.step", "cuda:0", "on cpu"}),
+  });
+  CHECK(p.to_vector() == std::vector<float>{1, 1});
+  // Moving the operand fixes it.
+  CHECK(sub(x, xg.to(Device::cpu())).to_vector() == std::vector<float>(6, 0.0f));
+}
+
+TEST_CASE("bad input: layer, scheduler and clipping options", "[bad_input]") {
+  auto p = F::ones({2});
+  p.set_requires_grad(true);
+  optim::SGD sgd({p}, {.lr = 0.1});
+  run_cases({
+      expect<ValueError>("Dropout(1.5)", [&] { nn::Dropout(1.5); }, {"Dropout", "between 0 and 1", "1.5"}),
+      expect<ValueError>("dropout p -0.5", [&] { nn::functional::dropout(F::ones({2}), -0.5); }, {"dropout", "-0.5"}),
+      expect<ValueError>("GELU('fast')", [&] { nn::GELU("fast"); }, {"GELU", "'fast'"}),
+      expect<ValueError>("MultiheadAttention dropout 2", [&] { nn::MultiheadAttention(4, 2, {.dropout = 2.0}); },
+                         {"MultiheadAttention", "2"}),
+      expect<ValueError>("BatchNorm2d momentum 1.5", [&] { nn::BatchNorm2d(3, {.momentum = 1.5}); },
+                         {"BatchNorm2d", "momentum", "1.5"}),
+      expect<ValueError>("BatchNorm1d eps -1", [&] { nn::BatchNorm1d(3, {.eps = -1.0}); }, {"BatchNorm1d", "eps"}),
+      expect<ValueError>("TransformerBlock hidden_dim -1", [&] { nn::TransformerBlock(4, 2, {.hidden_dim = -1}); },
+                         {"TransformerBlock", "hidden_dim", "-1"}),
+      expect<ShapeError>("TransformerBlock(4, 2) on embed 5", [&] { nn::TransformerBlock(4, 2)(F::ones({1, 3, 5})); },
+                         {"layer_norm", "[1, 3, 5]", "[4]"}),
+      expect<ShapeError>("TransformerBlock(4, 2) on a 4-d input", [&] { nn::TransformerBlock(4, 2)(F::ones({1, 1, 3, 4})); },
+                         {"MultiheadAttention", "[1, 1, 3, 4]"}),
+      expect<ValueError>("SmoothL1Loss beta -2", [&] { nn::SmoothL1Loss("mean", -2.0); }, {"SmoothL1Loss", "beta", "-2"}),
+      expect<ValueError>("StepLR step_size 0", [&] { optim::StepLR(sgd, 0); }, {"StepLR", "step_size", "0"}),
+      expect<ValueError>("CosineAnnealingLR T_max 0", [&] { optim::CosineAnnealingLR(sgd, 0); }, {"CosineAnnealingLR", "T_max"}),
+      expect<ValueError>("WarmupCosineLR total below warmup",
+                         [&] { optim::WarmupCosineLR(sgd, {.warmup_steps = 10, .total_steps = 5}); },
+                         {"WarmupCosineLR", "total_steps", "5"}),
+      expect<ValueError>("clip_grad_norm_ max_norm -1", [&] { optim::clip_grad_norm_({p}, -1.0); },
+                         {"clip_grad_norm_", "max_norm", "-1"}),
+      expect<ValueError>("clip_grad_norm_ norm_type 0", [&] { optim::clip_grad_norm_({p}, 1.0, 0.0); },
+                         {"clip_grad_norm_", "norm_type", "0"}),
+      expect<ValueError>("clip_grad_value_ -1", [&] { optim::clip_grad_value_({p}, -1.0); }, {"clip_grad_value_", "-1"}),
+  });
+  // An unbatched [L, E] input goes through a block, as through MultiheadAttention.
+  CHECK(nn::TransformerBlock(4, 2)(F::ones({3, 4})).shape() == Shape{3, 4});
+  // A parameter without a gradient is skipped: clipping returns 0 and changes nothing.
+  CHECK(optim::clip_grad_norm_({p}, 1.0) == 0.0);
+  CHECK(p.to_vector() == std::vector<float>{1, 1});
 }

@@ -203,6 +203,12 @@ class BatchNormBase : public ModuleBase<Derived> {
     using C = compute_t<T>;
     op::detail::check_defined(name_.c_str(), x);
     static_cast<Derived&>(*this).check_rank(x);
+    // Checked here: otherwise the first op to meet a parameter (an add) would name itself only.
+    for (const AnyTensor* t : {&weight, &running_mean})
+      if (t->defined())
+        EMBER_CHECK(t->device() == x.device(), DeviceError, name_, "(", num_features_, "): input ", x.desc(),
+                    " is not on the device of the layer's parameters and buffers (on ", t->device().str(),
+                    "); move one with .to(device)");
     EMBER_CHECK(x.shape()[1] == num_features_, ShapeError, name_, "(", num_features_, "): input ", x.desc(), " has ",
                 x.shape()[1], " channels, expected ", num_features_);
     std::vector<int> dims{0};

@@ -289,7 +289,8 @@ class Optimizer {
 
   // p's gradient (undefined when it has none), checked against p: a gradient set by hand with
   // another shape would broadcast into the update ([1] into [2, 3]) or fail inside an op that names
-  // no optimizer, and an integer one would be cast silently (PyTorch refuses both when .grad is set).
+  // no optimizer, and an integer one would be cast silently (PyTorch refuses all three when .grad
+  // is set, as it does a gradient on another device).
   AnyTensor grad_of(const AnyTensor& p) const {
     AnyTensor g = p.grad();
     if (!g.defined()) return g;
@@ -297,6 +298,8 @@ class Optimizer {
                 p.desc(), " has another shape");
     EMBER_CHECK(is_floating(g.dtype()), DTypeError, name_, ".step: the gradient ", g.desc(), " of parameter ",
                 p.desc(), " must be floating point");
+    EMBER_CHECK(g.device() == p.device(), DeviceError, name_, ".step: the gradient ", g.desc(), " of parameter ",
+                p.desc(), " is on another device");
     return g;
   }
 
