@@ -753,3 +753,43 @@ TEST_CASE("bad input: layer, scheduler and clipping options", "[bad_input]") {
   CHECK(optim::clip_grad_norm_({p}, 1.0) == 0.0);
   CHECK(p.to_vector() == std::vector<float>{1, 1});
 }
+
+TEST_CASE("bad input: tensor basics and autograd entry points", "[bad_input]") {
+  const F x = F::ones({2, 3});
+  auto leaf = F::ones({3});
+  leaf.set_requires_grad(true);
+  run_cases({
+      expect<ShapeError>("item() of [2]", [&] { F::ones({2}).item(); }, {"item()", "[2]"}),
+      expect<ShapeError>("item() of an empty tensor", [&] { F::zeros({0}).item(); }, {"item()", "[0]"}),
+      expect<ShapeError>("copy_ [3] into [2, 3]", [&] { F::zeros({2, 3}).copy_(F::ones({3})); },
+                         {"copy_", "[3]", "[2, 3]"}),
+      expect<ShapeError>("from_vector 3 values for [2, 2]", [&] { F::from_vector({1, 2, 3}, Shape{2, 2}); },
+                         {"from_vector", "3", "[2, 2]"}),
+      expect<ValueError>("arange step 0", [&] { F::arange(0, 5, 0); }, {"arange", "step"}),
+      expect<ShapeError>("zeros with a negative dimension", [&] { F::zeros({2, -1}); }, {"negative dimension -1"}),
+      expect<ShapeError>("zeros of 9 dimensions", [&] { F::zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}); },
+                         {"more than 8 dimensions"}),
+      expect<DTypeError>("Tensor<double> of a float32 tensor", [&] { D{AnyTensor(x)}; }, {"Tensor<float64>", "float32"}),
+      expect<DTypeError>("set_requires_grad on int64", [&] { I64::ones({2}).set_requires_grad(true); },
+                         {"set_requires_grad", "int64"}),
+      expect<AutogradError>("set_requires_grad on a non-leaf", [&] { (leaf * 2.0).set_requires_grad(true); },
+                            {"set_requires_grad", "leaf"}),
+      expect<AutogradError>("backward of a non-scalar", [&] { (leaf * 2.0).backward(); }, {"backward", "non-scalar", "[3]"}),
+      expect<AutogradError>("backward of a tensor that needs no grad", [&] { sum(x).backward(); },
+                            {"backward", "does not require grad"}),
+      expect<ShapeError>("backward with a [2] gradient for [3]", [&] { (leaf * 2.0).backward(F::ones({2})); },
+                         {"backward", "gradient", "[2]", "[3]"}),
+      expect<ShapeError>("backward with a float64 gradient for float32", [&] { (leaf * 2.0).backward(D::ones({3})); },
+                         {"backward", "float64[3]", "float32[3]"}),
+      expect<ValueError>("shape() of an undefined tensor", [&] { AnyTensor().shape(); }, {"undefined tensor"}),
+  });
+  // Accepted: one-element tensors of any rank give item(); backward from a 0-d result.
+  CHECK(scalar_f(7).item() == 7.0f);
+  CHECK(F::full({1, 1, 1}, 3.0).item() == 3.0f);
+  sum(leaf * 2.0).backward();
+  CHECK(leaf.grad().to_vector() == std::vector<float>{2, 2, 2});
+  auto e = D::zeros({0});
+  e.set_requires_grad(true);
+  sum(e).backward();  // a sum of nothing is 0 and its gradient is empty
+  CHECK(e.grad().shape() == Shape{0});
+}
