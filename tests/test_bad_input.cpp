@@ -381,6 +381,11 @@ TEST_CASE("bad input: convolution and pooling", "[bad_input]") {
   CHECK(max_pool2d(F::zeros({0, 3, 4, 4})).shape() == Shape{0, 3, 2, 2});
   CHECK(avg_pool2d(F::zeros({2, 0, 4, 4})).shape() == Shape{2, 0, 2, 2});
   CHECK(adaptive_avg_pool2d(F::zeros({0, 3, 4, 4}), {1, 1}).shape() == Shape{0, 3, 1, 1});
+  // No input channels: every output is the bias (PyTorch's conv2d gives zeros plus bias).
+  auto c0 = conv2d(F::zeros({1, 0, 5, 5}), F::zeros({4, 0, 3, 3}), f({1, 2, 3, 4}, {4}));
+  REQUIRE(c0.shape() == Shape{1, 4, 3, 3});
+  CHECK(c0.to_vector()[0] == 1.0f);
+  CHECK(c0.to_vector()[35] == 4.0f);
   // Stride 0 means "the kernel size", as torch's default.
   op::Pool2dOptions dflt;
   dflt.stride = {0, 0};
@@ -591,6 +596,7 @@ TEST_CASE("bad input: nn layers' forward", "[bad_input]") {
   CHECK(emb(I64::zeros({0})).shape() == Shape{0, 2});
   CHECK(ln(F::zeros({0, 3, 4})).shape() == Shape{0, 3, 4});
   CHECK(mha(F::ones({5, 4})).shape() == Shape{5, 4});  // unbatched [L, E]
+  CHECK(mha(F::ones({2, 0, 4})).shape() == Shape{2, 0, 4});  // no positions: an empty output
   // BatchNorm of an empty batch: an empty output and unchanged running statistics, as PyTorch.
   auto before = bn1.running_mean.to_double_vector();
   CHECK(bn1(F::zeros({0, 3})).shape() == Shape{0, 3});
