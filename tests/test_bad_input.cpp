@@ -287,9 +287,9 @@ TEST_CASE("bad input: indexing", "[bad_input]") {
 TEST_CASE("bad input: matmul", "[bad_input]") {
   run_cases({
       expect<ShapeError>("matmul 0-d x [2]", [&] { matmul(scalar_f(1), F::ones({2})); }, {"matmul", "scalars", "float32[]"}),
-      expect<ShapeError>("matmul [3] . [4]", [&] { matmul(F::ones({3}), F::ones({4})); }, {"matmul", "3 vs 4"}),
-      expect<ShapeError>("matmul [2, 3] x [2]", [&] { matmul(F::ones({2, 3}), F::ones({2})); }, {"matmul", "3 vs 2"}),
-      expect<ShapeError>("matmul [5] x [4, 3]", [&] { matmul(F::ones({5}), F::ones({4, 3})); }, {"matmul", "5 vs 4"}),
+      expect<ShapeError>("matmul [3] . [4]", [&] { matmul(F::ones({3}), F::ones({4})); }, {"matmul", "float32[3] on cpu times float32[4]", "3 vs 4"}),
+      expect<ShapeError>("matmul [2, 3] x [2]", [&] { matmul(F::ones({2, 3}), F::ones({2})); }, {"matmul", "[2, 3] on cpu times float32[2]", "3 vs 2"}),
+      expect<ShapeError>("matmul [5] x [4, 3]", [&] { matmul(F::ones({5}), F::ones({4, 3})); }, {"matmul", "float32[5] on cpu times float32[4, 3]", "5 vs 4"}),
       expect<ShapeError>("matmul [2, 3] x [2, 3] transposed a", [&] { matmul(F::ones({2, 3}), F::ones({2, 3}), true, true); },
                          {"matmul", "(transposed)", "2 vs 3"}),
       expect<ShapeError>("matmul [2, 2, 3] x [2, 4, 2]", [&] { matmul(F::ones({2, 2, 3}), F::ones({2, 4, 2})); },

@@ -79,6 +79,14 @@ inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = f
               b.desc());
   // Vectors: a row vector on the left, a column vector on the right, squeezed afterwards.
   if (a.dim() == 1 || b.dim() == 1) {
+    // Checked here, so that the message shows the caller's shapes, not the [1, k] and [k, 1] views.
+    const Shape& as = a.shape();
+    const Shape& bs = b.shape();
+    const int64_t ka = a.dim() == 1 ? as[0] : (trans_a ? as[as.dim() - 2] : as[as.dim() - 1]);
+    const int64_t kb = b.dim() == 1 ? bs[0] : (trans_b ? bs[bs.dim() - 1] : bs[bs.dim() - 2]);
+    EMBER_CHECK(ka == kb, ShapeError, "matmul: inner dimensions differ: ", a.desc(),
+                (trans_a && a.dim() > 1 ? " (transposed)" : ""), " times ", b.desc(),
+                (trans_b && b.dim() > 1 ? " (transposed)" : ""), " (", ka, " vs ", kb, ")");
     AnyTensor a2 = a.dim() == 1 ? a.reshape(Shape{1, a.shape()[0]}) : a;
     AnyTensor b2 = b.dim() == 1 ? b.reshape(Shape{b.shape()[0], 1}) : b;
     AnyTensor r = matmul(a2, b2, a.dim() == 1 ? false : trans_a, b.dim() == 1 ? false : trans_b);
