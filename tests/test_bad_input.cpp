@@ -788,6 +788,18 @@ TEST_CASE("bad input: tensor basics and autograd entry points", "[bad_input]") {
       expect<ShapeError>("backward with a float64 gradient for float32", [&] { (leaf * 2.0).backward(D::ones({3})); },
                          {"backward", "float64[3]", "float32[3]"}),
       expect<ValueError>("shape() of an undefined tensor", [&] { AnyTensor().shape(); }, {"undefined tensor"}),
+      expect<ValueError>("reshape of an undefined tensor", [&] { AnyTensor().reshape({2}); }, {"reshape", "undefined"}),
+      expect<ValueError>("reshape(Shape) of an undefined tensor", [&] { AnyTensor().reshape(Shape{2}); },
+                         {"reshape", "undefined"}),
+      expect<ValueError>("slice of an undefined tensor", [&] { AnyTensor().slice(0, 1); }, {"slice", "undefined"}),
+      expect<ValueError>("select of an undefined tensor", [&] { AnyTensor().select(0); }, {"select", "undefined"}),
+      expect<ValueError>("clone of an undefined tensor", [&] { AnyTensor().clone(); }, {"clone", "undefined"}),
+      expect<ValueError>("to(device) of an undefined tensor", [&] { AnyTensor().to(Device::cpu()); },
+                         {"to(device)", "undefined"}),
+      expect<ValueError>("to(dtype) of an undefined tensor", [&] { AnyTensor().to(DType::Float64); },
+                         {"to(dtype)", "undefined"}),
+      expect<ValueError>("copy_ from an undefined tensor", [&] { F::zeros({2}).copy_(AnyTensor()); },
+                         {"copy_ (source)", "undefined"}),
   });
   // Accepted: one-element tensors of any rank give item(); backward from a 0-d result.
   CHECK(scalar_f(7).item() == 7.0f);

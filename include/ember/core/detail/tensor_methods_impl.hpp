@@ -24,6 +24,12 @@ inline void copy_values(const AnyTensor& dst, const AnyTensor& src) {
   }
 }
 
+// The methods below name themselves for an undefined tensor (the accessors' own error cannot say
+// which call it was).
+inline void check_defined_for(const AnyTensor& t, const char* method) {
+  EMBER_CHECK(t.defined(), ValueError, method, ": called on an undefined tensor");
+}
+
 inline AnyTensor make_view(const AnyTensor& base, const Shape& shape, int64_t extra_offset) {
   auto impl = std::make_shared<TensorImpl>();
   impl->dtype = base.dtype();
@@ -36,6 +42,7 @@ inline AnyTensor make_view(const AnyTensor& base, const Shape& shape, int64_t ex
 }  // namespace detail
 
 inline AnyTensor AnyTensor::clone() const {
+  detail::check_defined_for(*this, "clone");
   trace::OpCall op_call("clone", *this);
   AnyTensor out = AnyTensor::empty(shape(), dtype(), device());
   detail::copy_values(out, *this);
@@ -45,6 +52,7 @@ inline AnyTensor AnyTensor::clone() const {
 }
 
 inline AnyTensor AnyTensor::to(Device d) const {
+  detail::check_defined_for(*this, "to(device)");
   if (d == device()) return *this;
   backend_for(d);  // fails with a clear DeviceError when d does not exist
   trace::OpCall op_call("to_device", *this);  // the input's device: the source of the copy
@@ -57,6 +65,7 @@ inline AnyTensor AnyTensor::to(Device d) const {
 }
 
 inline AnyTensor AnyTensor::to(DType t) const {
+  detail::check_defined_for(*this, "to(dtype)");
   if (t == dtype()) return *this;
   trace::OpCall op_call("to_dtype", *this);
   AnyTensor out = AnyTensor::empty(shape(), t, device());
@@ -70,6 +79,7 @@ inline AnyTensor AnyTensor::to(DType t) const {
 }
 
 inline AnyTensor AnyTensor::reshape(const Shape& s) const {
+  detail::check_defined_for(*this, "reshape");
   EMBER_CHECK(s.checked_numel("reshape") == numel(), ShapeError, "reshape: cannot view ", desc(), " as shape ",
               s.str(), " (", s.numel(), " elements)");
   AnyTensor out = detail::make_view(*this, s, 0);
@@ -80,6 +90,7 @@ inline AnyTensor AnyTensor::reshape(const Shape& s) const {
 }
 
 inline AnyTensor AnyTensor::reshape(std::initializer_list<int64_t> dims) const {
+  detail::check_defined_for(*this, "reshape");
   int infer = -1;
   int64_t known = 1;
   std::vector<int64_t> d(dims);
@@ -100,6 +111,7 @@ inline AnyTensor AnyTensor::reshape(std::initializer_list<int64_t> dims) const {
 }
 
 inline AnyTensor AnyTensor::slice(int64_t begin, int64_t end) const {
+  detail::check_defined_for(*this, "slice");
   EMBER_CHECK(dim() >= 1, ShapeError, "slice: needs at least one dimension, got ", desc());
   int64_t n = shape()[0];
   EMBER_CHECK(0 <= begin && begin <= end && end <= n, IndexError, "slice: range [", begin, ", ", end,
@@ -123,6 +135,7 @@ inline AnyTensor AnyTensor::slice(int64_t begin, int64_t end) const {
 }
 
 inline AnyTensor AnyTensor::select(int64_t i) const {
+  detail::check_defined_for(*this, "select");
   EMBER_CHECK(dim() >= 1, ShapeError, "select: needs at least one dimension, got ", desc());
   int64_t n = shape()[0];
   const int64_t given = i;
@@ -145,6 +158,8 @@ inline double AnyTensor::item_double() const {
 }
 
 inline void AnyTensor::copy_(const AnyTensor& src) {
+  detail::check_defined_for(*this, "copy_ (destination)");
+  detail::check_defined_for(src, "copy_ (source)");
   EMBER_CHECK(src.shape() == shape(), ShapeError, "copy_: source ", src.desc(), " does not match destination ",
               desc());
   trace::OpCall op_call("copy_", src);  // a cast of src, when dtypes differ, nests as to_dtype
