@@ -15,6 +15,7 @@
 //   ./bench_conv_cpu --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
 //                    --benchmark_report_aggregates_only=true
 // docs/performance-conv.md has the measured figures and the choice they made.
+#include "ember/backend/cpu/conv.hpp"
 #include <benchmark/benchmark.h>
 
 #include <chrono>

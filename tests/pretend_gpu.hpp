@@ -2,6 +2,7 @@
 // A stand-in for cuda:0 on machines without a GPU: the CPU kernels behind a backend that reports
 // itself as cuda:0. Tensors "on cuda:0" then exist, so device checks and the parity harnesses can
 // be exercised end to end in CI. Never active when a real GPU is present.
+#include "ember/backend/cpu/cpu_backend.hpp"
 #include <ember/ember.hpp>
 
 namespace ember::testing {

@@ -6,6 +6,7 @@
 // control run (the scale is a power of two, so scaling commutes exactly with the arithmetic).
 // The fp16 training run executes on a real GPU when there is one, and in CI on the pretend device
 // (CPU kernels posing as cuda:0, half emulated).
+#include "ember/backend/cpu/cpu_backend.hpp"
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -8,6 +8,8 @@
 // with OpenBLAS held at 1 thread: OpenBLAS's threaded GEMM itself changes the last bits); oneDNN's
 // forward and backward-input keep the bits (both layouts), its backward-weight is held to the fp32
 // tolerance.
+#include "ember/backend/cpu/conv.hpp"
+#include "ember/backend/cpu/pool.hpp"
 #include <catch2/catch.hpp>
 
 #include <cmath>

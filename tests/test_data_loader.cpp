@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "ember/backend/cpu/cpu_backend.hpp"
 #include "ember/data/dataloader.hpp"
 #include "ember/data/dataloader_json.hpp"
 #include "ember/data/transforms.hpp"

@@ -1,6 +1,7 @@
 // matmul (ops/linalg.hpp): finite-difference gradient checks in double for every transpose
 // combination, batched 3D/4D, batch broadcasting and vectors; forward values against a naive
 // triple loop; fp16/bf16 against fp32.
+#include "ember/backend/cpu/gemm.hpp"
 #include <catch2/catch.hpp>
 
 #include <cmath>

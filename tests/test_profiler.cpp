@@ -2,6 +2,7 @@
 // names, phases adding up to the step, memory per scope, the Chrome trace parsed back (also after
 // an exception and with a range left open on another thread), key_averages sorting, the
 // step report, the verdict rules on synthetic figures, and misuse errors.
+#include "ember/backend/cpu/cpu_backend.hpp"
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>

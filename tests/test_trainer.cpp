@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "ember/backend/cpu/cpu_backend.hpp"
 #include "ember/distributed/thread_group.hpp"
 #include "ember/ember.hpp"
 #include "ember/train/trainer.hpp"

@@ -11,20 +11,20 @@
 
 namespace ember::math {
 
-EMBER_HD inline float exp_(float x) { return expf(x); }
-EMBER_HD inline double exp_(double x) { return exp(x); }
-EMBER_HD inline float log_(float x) { return logf(x); }
-EMBER_HD inline double log_(double x) { return log(x); }
-EMBER_HD inline float sqrt_(float x) { return sqrtf(x); }
-EMBER_HD inline double sqrt_(double x) { return sqrt(x); }
-EMBER_HD inline float tanh_(float x) { return tanhf(x); }
-EMBER_HD inline double tanh_(double x) { return tanh(x); }
-EMBER_HD inline float erf_(float x) { return erff(x); }
-EMBER_HD inline double erf_(double x) { return erf(x); }
-EMBER_HD inline float pow_(float x, float y) { return powf(x, y); }
-EMBER_HD inline double pow_(double x, double y) { return pow(x, y); }
-EMBER_HD inline float abs_(float x) { return fabsf(x); }
-EMBER_HD inline double abs_(double x) { return fabs(x); }
+EMBER_HD inline float exp_(float x) { return ::expf(x); }
+EMBER_HD inline double exp_(double x) { return ::exp(x); }
+EMBER_HD inline float log_(float x) { return ::logf(x); }
+EMBER_HD inline double log_(double x) { return ::log(x); }
+EMBER_HD inline float sqrt_(float x) { return ::sqrtf(x); }
+EMBER_HD inline double sqrt_(double x) { return ::sqrt(x); }
+EMBER_HD inline float tanh_(float x) { return ::tanhf(x); }
+EMBER_HD inline double tanh_(double x) { return ::tanh(x); }
+EMBER_HD inline float erf_(float x) { return ::erff(x); }
+EMBER_HD inline double erf_(double x) { return ::erf(x); }
+EMBER_HD inline float pow_(float x, float y) { return ::powf(x, y); }
+EMBER_HD inline double pow_(double x, double y) { return ::pow(x, y); }
+EMBER_HD inline float abs_(float x) { return ::fabsf(x); }
+EMBER_HD inline double abs_(double x) { return ::fabs(x); }
 template <class C> EMBER_HD inline bool isnan_(C x) { return x != x; }
 
 template <class C>

@@ -276,7 +276,19 @@ inline int& cuda_device_count_slot() {
 // Called by the nvcc-compiled translation unit at start-up.
 inline void register_cuda_backend(Backend* (*for_device)(int), int device_count);
 
-inline Backend& cpu_backend();  // defined in backend/cpu/cpu_backend.hpp, included at the end
+// The CPU backend. Header-only (the default): defined in backend/cpu/cpu_backend.hpp, which
+// core/backend.hpp includes, so every translation unit compiles the whole backend again.
+// EMBER_CPU_BACKEND_COMPILED (defined for every file of a program, as the CMake target
+// ember::cpu_backend does): the backend is compiled once, in backend/cpu/ember_cpu.cpp, and the
+// other files neither see nor compile it (about a third of a test file's compile time).
+#if defined(EMBER_CPU_BACKEND_COMPILED)
+namespace detail {
+Backend& compiled_cpu_backend();  // backend/cpu/ember_cpu.cpp
+}  // namespace detail
+inline Backend& cpu_backend() { return detail::compiled_cpu_backend(); }
+#else
+inline Backend& cpu_backend();
+#endif
 
 namespace detail {
 inline Backend* (*&cuda_backend_factory())(int) {

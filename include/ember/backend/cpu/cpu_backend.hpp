@@ -290,9 +290,11 @@ class CpuBackend : public Backend {
 
 }  // namespace ember::cpu
 
+#if !defined(EMBER_CPU_BACKEND_COMPILED)
 namespace ember {
 inline Backend& cpu_backend() {
   static cpu::CpuBackend backend;
   return backend;
 }
 }  // namespace ember
+#endif

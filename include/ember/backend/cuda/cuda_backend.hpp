@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ember/backend/cpu/elementwise.hpp"  // cpu::from_calc: fill values converted as on the CPU
 #include "ember/backend/cuda/allocator.hpp"
 #include "ember/backend/cuda/conv.hpp"
 #include "ember/backend/cuda/cublas.hpp"
