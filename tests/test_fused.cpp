@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include <ember/backend/cpu/reduce.hpp>
 #include <ember/ember.hpp>
 
 #include "gpu_skip.hpp"
@@ -74,6 +75,24 @@ TEST_CASE("set_num_threads rejects counts below 1", "[fused][threads]") {
   REQUIRE(get_num_threads() >= 1);
   REQUIRE_THROWS_WITH(set_num_threads(0), Catch::Contains("set_num_threads") && Catch::Contains("got 0"));
   REQUIRE_THROWS_AS(set_num_threads(-3), ValueError);
+}
+
+TEST_CASE("default thread count: EMBER_NUM_THREADS, else OMP_NUM_THREADS, else the cores", "[fused][threads]") {
+  using ember::detail::default_num_threads;
+  using ember::detail::parse_thread_count;
+  CHECK(default_num_threads(nullptr, nullptr, 6) == 6);
+  CHECK(default_num_threads("3", "5", 6) == 3);
+  CHECK(default_num_threads(nullptr, "5", 6) == 5);
+  CHECK(default_num_threads(nullptr, "4,2", 6) == 4);  // OpenMP's nested list: its first level
+  CHECK(default_num_threads(" 2 ", nullptr, 6) == 2);
+  // Not a whole number >= 1: unset, the next source decides.
+  for (const char* bad : {"", "0", "-1", "auto", "4x", "1e3", "99999999999"}) {
+    CAPTURE(bad);
+    CHECK(parse_thread_count(bad) == 0);
+    CHECK(default_num_threads(bad, "5", 6) == 5);
+    CHECK(default_num_threads(nullptr, bad, 6) == 6);
+  }
+  CHECK(default_num_threads(nullptr, nullptr, 0) == 1);
 }
 
 // ---------------------------------------------------------------- references (double, plain loops)

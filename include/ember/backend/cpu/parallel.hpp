@@ -2,7 +2,8 @@
 // CPU threading: one thread count for every ember CPU kernel and for the BLAS.
 //
 //   ember::set_num_threads(n)   n >= 1; ember's kernels and OpenBLAS (when linked) use n threads
-//   ember::get_num_threads()    default: the cores available to the process (sched_getaffinity)
+//   ember::get_num_threads()    default: EMBER_NUM_THREADS, else OMP_NUM_THREADS, else the cores
+//                               available to the process (sched_getaffinity)
 //   ember::cpu::parallel_for(begin, end, grain, f)
 //                               calls f(lo, hi) on contiguous chunks of [begin, end) that
 //                               together cover it exactly once
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -65,8 +67,35 @@ inline int available_cores() {
 #endif
 }
 
+// A thread count from the environment: a whole number >= 1 (OpenMP's list form "4,2" gives its
+// first level), else 0. Anything else ("", "auto", "-1", "4x") counts as unset.
+inline int parse_thread_count(const char* value) {
+  if (value == nullptr) return 0;
+  long n = 0;
+  const char* p = value;
+  while (*p == ' ') ++p;
+  if (*p < '0' || *p > '9') return 0;
+  for (; *p >= '0' && *p <= '9'; ++p) {
+    n = n * 10 + (*p - '0');
+    if (n > 1 << 20) return 0;  // absurd: ignore
+  }
+  while (*p == ' ') ++p;
+  if (*p != '\0' && *p != ',') return 0;
+  return static_cast<int>(n);
+}
+
+// The default thread count: EMBER_NUM_THREADS, else OMP_NUM_THREADS (as PyTorch reads it), else
+// the cores available to the process. So `OMP_NUM_THREADS=2 mpirun -np 4 ...` (four ranks sharing
+// a machine) needs no code; set_num_threads overrides it.
+inline int default_num_threads(const char* ember_env, const char* omp_env, int cores) {
+  if (const int n = parse_thread_count(ember_env); n > 0) return n;
+  if (const int n = parse_thread_count(omp_env); n > 0) return n;
+  return std::max(1, cores);
+}
+
 inline std::atomic<int>& num_threads_slot() {
-  static std::atomic<int> slot{available_cores()};
+  static std::atomic<int> slot{
+      default_num_threads(std::getenv("EMBER_NUM_THREADS"), std::getenv("OMP_NUM_THREADS"), available_cores())};
   return slot;
 }
 
