@@ -1,6 +1,6 @@
 # ctest headers.self_contained: builds the header tests (a no-op on an up-to-date tree, an error
 # with the compiler's message when a header is not self-contained) and runs the link test.
-# cmake -DBUILD_DIR=... -DCONFIG=... -DTARGET=... -DEXE=... -P check_headers.cmake
+# cmake -DBUILD_DIR=... -DCONFIG=... -DTARGET=... -DEXE=... [-DCLANG_TARGET=... -DCLANG_EACH=ON|OFF] -P check_headers.cmake
 set(_config_args "")
 if(CONFIG)
   set(_config_args --config "${CONFIG}")
@@ -17,7 +17,11 @@ if(CLANG_TARGET)
   if(NOT _rc EQUAL 0)
     message(FATAL_ERROR "building ${CLANG_TARGET} failed: a public header does not compile on its own with clang++\n${_out}")
   endif()
-  message("the public headers also compile on their own with clang++ and libc++")
+  if(CLANG_EACH)
+    message("the public headers also compile on their own with clang++ and libc++")
+  else()
+    message("the public headers also compile with clang++ and libc++, all in one file (each on its own: -DEMBER_HEADER_TESTS_CLANG_EACH=ON)")
+  endif()
 endif()
 execute_process(COMMAND "${EXE}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
 message("${_out}")
