@@ -25,7 +25,19 @@ if [[ -n ${EMBER_CMAKE_ARGS:-} ]]; then
   read -r -a extra <<<"$EMBER_CMAKE_ARGS"
 fi
 
+# Each step says how long it took (the build and the suite are most of CI's time).
+t0=$SECONDS
 set -x
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DEMBER_PYTHON=$python" "${extra[@]}" &&
-  cmake --build "$build" -j"$jobs" &&
-  ctest --test-dir "$build" --output-on-failure -j"$jobs"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DEMBER_PYTHON=$python" "${extra[@]}"
+{ set +x; } 2>/dev/null
+echo "test.sh: configure took $((SECONDS - t0)) s"
+t0=$SECONDS
+set -x
+cmake --build "$build" -j"$jobs"
+{ set +x; } 2>/dev/null
+echo "test.sh: build took $((SECONDS - t0)) s"
+t0=$SECONDS
+set -x
+ctest --test-dir "$build" --output-on-failure -j"$jobs"
+{ set +x; } 2>/dev/null
+echo "test.sh: ctest took $((SECONDS - t0)) s"
