@@ -117,6 +117,24 @@ inline void set_num_threads(int n) {
 
 inline int get_num_threads() { return detail::num_threads_slot().load(std::memory_order_relaxed); }
 
+namespace detail {
+// OpenBLAS reads OPENBLAS_NUM_THREADS or OMP_NUM_THREADS itself when it loads, but not
+// EMBER_NUM_THREADS: without this, EMBER_NUM_THREADS=1 left OpenBLAS on every core, its idle
+// threads spinning (sched_yield) beside ember's. Called before each BLAS call; acts once, and only
+// when EMBER_NUM_THREADS is set (set_num_threads sets OpenBLAS itself), so that a program's own
+// OPENBLAS_NUM_THREADS is otherwise left alone.
+inline void apply_ember_threads_to_blas() {
+#if defined(EMBER_OPENBLAS_WEAK)
+  static const bool applied = [] {
+    if (openblas_set_num_threads && parse_thread_count(std::getenv("EMBER_NUM_THREADS")) > 0)
+      openblas_set_num_threads(get_num_threads());
+    return true;
+  }();
+  (void)applied;
+#endif
+}
+}  // namespace detail
+
 // True when ember was compiled with OpenMP (parallel_for can use more than one thread).
 constexpr bool has_openmp() {
 #if defined(_OPENMP)
