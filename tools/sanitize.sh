@@ -65,6 +65,7 @@ esac
 start=$SECONDS
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=OFF -DEMBER_MPI=OFF \
   -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCHMARKS=OFF -DEMBER_HEADER_TESTS=OFF -DEMBER_PACKAGE_TESTS=OFF \
+  -DEMBER_TEST_OPT=-O1 \
   "-DEMBER_PYTHON=$python" "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$flags" \
   "-DCMAKE_SHARED_LINKER_FLAGS=$flags" "${extra[@]}" >"$build.configure.log" 2>&1 || {
   cat "$build.configure.log"
