@@ -64,7 +64,7 @@ void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
         for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
       return;
     }
-    detail::apply_ember_threads_to_blas();
+    ember::detail::apply_ember_threads_to_blas();
     if constexpr (std::is_same_v<T, float>)
       sgemm_(&tB, &tA, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
     else
