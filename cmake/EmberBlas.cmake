@@ -13,15 +13,43 @@ if(NOT EMBER_BLAS_TARGET)
   set(EMBER_BLAS_TARGET ember)
 endif()
 
-set(_ember_saved_bla_vendor "${BLA_VENDOR}")
-set(BLA_VENDOR OpenBLAS)
-find_package(BLAS QUIET)
-if(NOT BLAS_FOUND)
-  unset(BLA_VENDOR)
-  find_package(BLAS QUIET)
+# Debian and Ubuntu install OpenBLAS built three ways side by side (libopenblas0-pthread, -openmp,
+# -serial), and libopenblas.so.0 names the pthread build unless the alternatives say otherwise.
+# That build's idle threads spin (sched_yield) after each GEMM beside ember's OpenMP threads (on 2
+# cores a transformer step took 1.5x as long). When ember's kernels use OpenMP (EMBER_BLAS_OPENMP_WANTED,
+# set by the includer), the OpenMP build is preferred where it is installed: one thread pool for
+# both, as PyTorch has. It is linked by its full path; CMake puts its folder on the build tree's
+# RUNPATH, so the loader takes it rather than the alternatives' libopenblas.so.0. A program
+# installed elsewhere needs that folder on its RUNPATH too (CMake's INSTALL_RPATH).
+# -DEMBER_BLAS_OPENMP=OFF keeps whatever find_package(BLAS) finds.
+set(_ember_blas_openmp_lib "")
+if(EMBER_BLAS_OPENMP_WANTED AND NOT (DEFINED EMBER_BLAS_OPENMP AND NOT EMBER_BLAS_OPENMP)
+   AND NOT DEFINED BLAS_LIBRARIES AND CMAKE_LIBRARY_ARCHITECTURE)
+  find_library(EMBER_OPENBLAS_OPENMP_LIBRARY NAMES openblas libopenblas.so.0
+               PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH
+               DOC "The OpenMP build of OpenBLAS (Debian: libopenblas0-openmp), preferred when ember uses OpenMP")
+  if(EMBER_OPENBLAS_OPENMP_LIBRARY)
+    set(_ember_blas_openmp_lib "${EMBER_OPENBLAS_OPENMP_LIBRARY}")
+  endif()
 endif()
-set(BLA_VENDOR "${_ember_saved_bla_vendor}")
-unset(_ember_saved_bla_vendor)
+
+if(_ember_blas_openmp_lib)
+  set(BLAS_FOUND TRUE)
+  set(BLAS_LIBRARIES "${_ember_blas_openmp_lib}")
+  set(EMBER_BLAS_IS_OPENMP ON)
+else()
+  set(EMBER_BLAS_IS_OPENMP OFF)
+  set(_ember_saved_bla_vendor "${BLA_VENDOR}")
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS QUIET)
+  if(NOT BLAS_FOUND)
+    unset(BLA_VENDOR)
+    find_package(BLAS QUIET)
+  endif()
+  set(BLA_VENDOR "${_ember_saved_bla_vendor}")
+  unset(_ember_saved_bla_vendor)
+endif()
+unset(_ember_blas_openmp_lib)
 
 if(BLAS_FOUND)
   set(EMBER_HAVE_CBLAS ON)
@@ -38,7 +66,11 @@ if(BLAS_FOUND)
   unset(_ember_blas_imported)
   if(NOT ember_FIND_QUIETLY)
     list(GET BLAS_LIBRARIES 0 _ember_blas_first)
-    message(STATUS "ember: CPU matmul through BLAS ${_ember_blas_first}")
+    if(EMBER_BLAS_IS_OPENMP)
+      message(STATUS "ember: CPU matmul through BLAS ${_ember_blas_first} (OpenBLAS's OpenMP build)")
+    else()
+      message(STATUS "ember: CPU matmul through BLAS ${_ember_blas_first}")
+    endif()
     unset(_ember_blas_first)
   endif()
 else()

@@ -97,7 +97,19 @@ TEST_CASE("default thread count: EMBER_NUM_THREADS, else OMP_NUM_THREADS, else t
 
 #if defined(EMBER_OPENBLAS_WEAK)
 extern "C" int openblas_get_num_threads(void) __attribute__((weak));
+extern "C" int openblas_get_parallel(void) __attribute__((weak));  // 0 serial, 1 pthreads, 2 OpenMP
 #endif
+
+// CMake linked OpenBLAS's OpenMP build (cmake/EmberBlas.cmake): the loader must have taken it, not
+// the pthread build that libopenblas.so.0 names by default (the RUNPATH decides).
+TEST_CASE("OpenBLAS is the OpenMP build that CMake chose", "[fused][threads]") {
+#if defined(EMBER_TEST_OPENBLAS_OPENMP) && defined(EMBER_OPENBLAS_WEAK)
+  REQUIRE(openblas_get_parallel != nullptr);
+  CHECK(openblas_get_parallel() == 2);
+#else
+  WARN("SKIPPED: CMake did not choose OpenBLAS's OpenMP build (not installed, no OpenMP, or EMBER_BLAS_OPENMP=OFF)");
+#endif
+}
 
 // ctest runs each test case in a process of its own, so the default is still unread here.
 TEST_CASE("EMBER_NUM_THREADS reaches OpenBLAS at the first GEMM", "[fused][threads]") {

@@ -8,7 +8,9 @@ packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev libopenblas-d
           zlib1g-dev python3 python3-sklearn libopenmpi-dev openmpi-bin
           liblmdb-dev lmdb-utils libpng-dev libjpeg-dev dataset-fashion-mnist python3-venv
           clang libclang-rt-14-dev clang-19 libc++-19-dev libc++abi-19-dev
-          libdnnl-dev)
+          libdnnl-dev libopenblas0-openmp)
+# libopenblas0-openmp: OpenBLAS's OpenMP build, which ember links when its kernels use OpenMP (one
+# thread pool; cmake/EmberBlas.cmake). libopenblas.so.0 keeps naming the pthread build.
 # libdnnl-dev: oneDNN, ember's fp32 CPU convolutions (optional in CMake: im2col + GEMM without it).
 # clang-19 with libc++ 19: the second compiler and standard library of the header self-tests
 # (tests/headers), whose stricter includes catch what g++ 12's libstdc++ hides.
