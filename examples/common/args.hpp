@@ -60,7 +60,10 @@ class Args {
   void save_tensors(const ember::io::TensorList& tensors) const {
     if (str("save").empty()) return;
     ember::io::save_file(str("save"), tensors);
-    std::cerr << "saved " << tensors.size() << " tensors to " << str("save") << "\n";
+    // One write: std::cerr is unbuffered, so piece by piece the line could be cut by the program's
+    // stdout (the JSON line) where both reach one pipe, as under mpirun (example.ddp_train.mpi_save
+    // failed so once).
+    std::cerr << ("saved " + std::to_string(tensors.size()) + " tensors to " + str("save") + "\n") << std::flush;
   }
 
   // --device auto|cpu|cuda|cuda:N; auto picks the first GPU when there is one.
