@@ -39,7 +39,9 @@ case $mode in
     if [[ -n ${EMBER_SANITIZE_AREAS:-} ]]; then
       read -r -a targets <<<"$EMBER_SANITIZE_AREAS"
     fi
-    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0}
+    # allocator_may_return_null: an absurd allocation returns null, as without ASan, and ember raises
+    # OutOfMemory (tests/test_size_overflow.cpp checks that); by default ASan stops the program.
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0:allocator_may_return_null=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tools/sanitize/lsan.supp}
     ;;
