@@ -16,7 +16,7 @@ endif()
 # Debian and Ubuntu install OpenBLAS built three ways side by side (libopenblas0-pthread, -openmp,
 # -serial), and libopenblas.so.0 names the pthread build unless the alternatives say otherwise.
 # That build's idle threads spin (sched_yield) after each GEMM beside ember's OpenMP threads (on 2
-# cores a transformer step took 1.5x as long). When ember's kernels use OpenMP (EMBER_BLAS_OPENMP_WANTED,
+# cores a transformer step took 2-2.5x as long, docs/performance.md). When ember's kernels use OpenMP (EMBER_BLAS_OPENMP_WANTED,
 # set by the includer), the OpenMP build is preferred where it is installed: one thread pool for
 # both, as PyTorch has. It is linked by its full path; CMake puts its folder on the build tree's
 # RUNPATH, so the loader takes it rather than the alternatives' libopenblas.so.0. A program
