@@ -154,6 +154,19 @@ std::vector<Workload> workloads() {
                    softmax(x, -1).backward(gy);
                  });
                }});
+  w.push_back({"attention_fwd_bwd", [] {
+                 // the transformer row's attention alone: batch 8, 4 heads, T 128, head size 64, causal
+                 auto q = Tensor<float>::randn({8, 4, 128, 64}).set_requires_grad();
+                 auto k = Tensor<float>::randn({8, 4, 128, 64}).set_requires_grad();
+                 auto v = Tensor<float>::randn({8, 4, 128, 64}).set_requires_grad();
+                 auto gy = Tensor<float>::randn({8, 4, 128, 64});
+                 return std::function<void()>([=]() mutable {
+                   q.zero_grad();
+                   k.zero_grad();
+                   v.zero_grad();
+                   nn::functional::scaled_dot_product_attention(q, k, v, {.is_causal = true}).backward(gy);
+                 });
+               }});
   w.push_back({"add_16M", [] {
                  auto a = Tensor<float>::randn({int64_t{1} << 24});
                  auto b = Tensor<float>::randn({int64_t{1} << 24});

@@ -118,6 +118,16 @@ def workloads():
             torch.softmax(x, -1).backward(gy)
         return run
 
+    def attention_fwd_bwd():
+        # the transformer row's attention alone: batch 8, 4 heads, T 128, head size 64, causal
+        q, k, v = (torch.randn(8, 4, 128, 64, requires_grad=True) for _ in range(3))
+        gy = torch.randn(8, 4, 128, 64)
+
+        def run():
+            q.grad = k.grad = v.grad = None
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(gy)
+        return run
+
     def add():
         a, b = torch.randn(1 << 24), torch.randn(1 << 24)
 
@@ -136,7 +146,7 @@ def workloads():
 
     return [("mlp_sgd", mlp), ("cnn_adam", cnn), ("transformer_adamw", transformer), ("layernorm_fwd", ln_fwd),
             ("layernorm_fwd_bwd", ln_fwd_bwd), ("softmax_fwd", sm_fwd), ("softmax_fwd_bwd", sm_fwd_bwd),
-            ("add_16M", add), ("sgemm_1024", sgemm)]
+            ("attention_fwd_bwd", attention_fwd_bwd), ("add_16M", add), ("sgemm_1024", sgemm)]
 
 
 def main():

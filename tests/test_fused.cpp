@@ -251,6 +251,103 @@ TEST_CASE("fast_expf: within 2 ulp of exp over the float range, 0, inf and NaN a
   REQUIRE(std::isnan(cpu::detail::fast_expf(std::numeric_limits<float>::quiet_NaN())));
 }
 
+TEST_CASE("exp_sub_sum and row_max: the vector lanes give fast_expf's bits and the max ignoring NaN",
+          "[fused][softmax]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t n : {0, 1, 3, 4, 7, 8, 9, 16, 33, 1000}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<float>((i * 37) % 211) * 0.9f - 95.0f;
+    const float edge[] = {nan, inf, -inf, 88.7f, -87.3f, 88.8f, -87.4f, 0.0f, -0.0f};
+    for (size_t i = 0; i < x.size() && i < 9; ++i) x[i * 3 % x.size()] = edge[i];
+    for (float sub : {0.0f, 0.5f, -3.0f}) {
+      std::vector<float> y(x.size()), in = x;
+      const float sum = cpu::detail::exp_sub_sum(in.data(), y.data(), n, sub);
+      double ref_sum = 0;
+      bool any_nan = false;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float r = cpu::detail::fast_expf(x[i] - sub);
+        INFO("n " << n << " i " << i << " x " << x[i] << " sub " << sub);
+        if (std::isnan(r)) {
+          REQUIRE(std::isnan(y[i]));
+          any_nan = true;
+        } else {
+          REQUIRE(y[i] == r);  // bitwise
+        }
+        ref_sum += r;
+      }
+      if (any_nan) {
+        REQUIRE(std::isnan(sum));
+      } else if (std::isinf(ref_sum)) {
+        REQUIRE(sum == ref_sum);
+      } else {
+        REQUIRE(std::abs(sum - ref_sum) <= 1e-5 * std::abs(ref_sum) + 1e-30);
+      }
+      // in place (softmax and attention call it so)
+      const float sum2 = cpu::detail::exp_sub_sum(in.data(), in.data(), n, sub);
+      for (size_t i = 0; i < x.size(); ++i) REQUIRE((in[i] == y[i] || (std::isnan(in[i]) && std::isnan(y[i]))));
+      REQUIRE((sum2 == sum || (std::isnan(sum2) && std::isnan(sum))));
+    }
+    float ref_max = -inf;
+    for (float v : x) ref_max = v > ref_max ? v : ref_max;
+    REQUIRE(cpu::detail::row_max(x.data(), n) == ref_max);
+  }
+  std::vector<float> only_nan(5, nan);
+  REQUIRE(cpu::detail::row_max(only_nan.data(), 5) == -inf);
+}
+
+TEST_CASE("vector tanh and tanh-GELU (fp32): accuracy, edges, tails, the ops and their gradients", "[fused][softmax]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x;
+  for (double v = -12.0; v < 12.0; v += 0.00731) x.push_back(static_cast<float>(v));
+  for (float e : {0.0f, -0.0f, 1e-30f, -1e-30f, 0.625f, 0.62499994f, -0.625f, 9.5f, -9.5f, inf, -inf})
+    x.push_back(e);
+  std::vector<float> y(x.size()), g(x.size()), d(x.size()), ones(x.size(), 1.0f);
+  cpu::detail::tanh_f32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  cpu::detail::gelu_tanh_f32(x.data(), g.data(), static_cast<int64_t>(x.size()));
+  cpu::detail::gelu_tanh_backward_f32(x.data(), ones.data(), d.data(), static_cast<int64_t>(x.size()));
+  double worst_tanh = 0, worst_gelu = 0, worst_grad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i], t = std::tanh(v);
+    worst_tanh = std::max(worst_tanh, t == 0 ? std::abs(y[i]) : std::abs(y[i] - t) / std::abs(t));
+    if (!std::isfinite(v)) continue;
+    const double in = 0.7978845608028654 * (v + 0.044715 * v * v * v), ti = std::tanh(in);
+    worst_gelu = std::max(worst_gelu, std::abs(g[i] - 0.5 * v * (1 + ti)) / (1.0 + std::abs(v)));
+    const double dg = 0.5 * (1 + ti) + 0.5 * v * (1 - ti * ti) * 0.7978845608028654 * (1 + 3 * 0.044715 * v * v);
+    worst_grad = std::max(worst_grad, std::abs(d[i] - dg) / (1.0 + std::abs(v)));
+  }
+  REQUIRE(worst_tanh < 3e-7);
+  REQUIRE(worst_gelu < 1e-6);  // float rounding of the formula (libm's tanhf gives the same error: 4.3e-7)
+  REQUIRE(worst_grad < 1e-6);
+  REQUIRE(std::signbit(y[x.size() - 10]));  // tanh(-0) = -0
+  REQUIRE(y[x.size() - 2] == 1.0f);
+  REQUIRE(y[x.size() - 1] == -1.0f);
+  float nan_in = std::numeric_limits<float>::quiet_NaN(), nan_out = 0;
+  cpu::detail::tanh_f32(&nan_in, &nan_out, 1);
+  REQUIRE(std::isnan(nan_out));
+  // a tail (n % lanes) is computed by the same lanes: any prefix gives the same bits
+  for (int64_t n = 1; n <= 17; ++n) {
+    std::vector<float> z(static_cast<size_t>(n));
+    cpu::detail::tanh_f32(x.data() + 5, z.data(), n);
+    for (int64_t i = 0; i < n; ++i) REQUIRE(z[static_cast<size_t>(i)] == y[static_cast<size_t>(5 + i)]);
+  }
+  // the ops use them, at every thread count, forward and backward
+  ThreadsGuard guard;
+  auto xt = Tensor<float>::from_vector(std::vector<float>(x.begin(), x.end() - 2), {static_cast<int64_t>(x.size() - 2)});
+  std::vector<double> first_g, first_d;
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    auto xv = Tensor<float>(xt.detach().clone()).set_requires_grad();
+    auto out = gelu(xv, true);
+    sum(out).backward();
+    auto gv = out.to_double_vector(), dv = xv.grad().to_double_vector();
+    for (size_t i = 0; i + 2 < x.size(); ++i) {
+      REQUIRE(gv[i] == static_cast<double>(g[i]));
+      REQUIRE(dv[i] == static_cast<double>(d[i]));
+    }
+    REQUIRE(AnyTensor(op::tanh(xt)).to_double_vector()[3] == static_cast<double>(y[3]));
+  }
+}
+
 // ---------------------------------------------------------------- LayerNorm / RMSNorm
 
 TEST_CASE("layer_norm and rms_norm: values against a double reference, with and without weight and bias",
@@ -550,6 +647,263 @@ TEST_CASE("parity: fused cross_entropy, CPU versus CUDA", "[fused][cuda][parity]
         REQUIRE(max_rel_diff(g[0], c[0]) < tol);
         REQUIRE(max_rel_diff(g[1], c[1]) < tol);
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- scaled dot-product attention
+
+namespace {
+
+// Largest |a - b| / (1 + |b|); NaN must be at the same places in both (else +inf).
+double attn_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) {
+      if (std::isnan(a[i]) != std::isnan(b[i])) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    m = std::max(m, std::abs(a[i] - b[i]) / (1.0 + std::abs(b[i])));
+  }
+  return m;
+}
+
+// The output and the gradients of q, k, v (through sum(out * w)) of one attention call.
+template <class T>
+std::vector<std::vector<double>> attention_run(const Tensor<T>& q0, const Tensor<T>& k0, const Tensor<T>& v0,
+                                               const Tensor<T>& w, nn::functional::AttentionOptions o, bool fused,
+                                               Device dev = Device::cpu()) {
+  auto q = Tensor<T>(q0.to(dev)).detach().set_requires_grad();
+  auto k = Tensor<T>(k0.to(dev)).detach().set_requires_grad();
+  auto v = Tensor<T>(v0.to(dev)).detach().set_requires_grad();
+  if (o.attn_mask.defined()) o.attn_mask = o.attn_mask.to(dev);
+  o.allow_fused = fused;
+  auto out = nn::functional::scaled_dot_product_attention(q, k, v, o);
+  sum(out * Tensor<T>(w.to(dev))).backward();
+  auto host = [](const AnyTensor& t) { return t.to(Device::cpu()).to_double_vector(); };
+  return {host(out), host(q.grad()), host(k.grad()), host(v.grad())};
+}
+
+struct AttnCase {
+  int64_t L, S, D, Dv;
+  bool causal;
+  int mask;  // 0 none, 1 bool [L, S], 2 float [N, 1, L, S], 3 bool key padding [N, 1, 1, S], 4 float [N, H, L, S]
+};
+
+AnyTensor attention_mask_for(const AttnCase& c, int64_t N, int64_t H, DType t, Generator& gen) {
+  switch (c.mask) {
+    case 1: {
+      std::vector<uint8_t> m(static_cast<size_t>(c.L * c.S));
+      for (size_t i = 0; i < m.size(); ++i) m[i] = (i % 7 == 3) ? 1 : 0;
+      return Tensor<uint8_t>::from_vector(m, {c.L, c.S});
+    }
+    case 2: return Tensor<double>::randn({N, 1, c.L, c.S}, Device::cpu(), 0.0, 1.0, gen).to(t);
+    case 3: {
+      std::vector<uint8_t> m(static_cast<size_t>(N * c.S));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < c.S; ++j) m[static_cast<size_t>(n * c.S + j)] = j >= c.S - n ? 1 : 0;  // pad the tail
+      return Tensor<uint8_t>::from_vector(m, {N, 1, 1, c.S});
+    }
+    case 4: return Tensor<double>::randn({N, H, c.L, c.S}, Device::cpu(), 0.0, 1.0, gen).to(t);
+    default: return {};
+  }
+}
+
+const AttnCase kAttnCases[] = {
+    {5, 5, 8, 8, false, 0},    {5, 5, 8, 8, true, 0},     {70, 130, 16, 12, false, 1}, {130, 70, 16, 12, true, 2},
+    {1, 1, 4, 4, false, 0},    {64, 200, 8, 8, true, 3},  {33, 33, 32, 32, true, 4},   {129, 129, 8, 16, true, 1},
+    {200, 64, 8, 8, false, 3},
+};
+
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention: the fused kernel equals the composite (masks, causal, L != S, blocks)",
+          "[fused][attention]") {
+  const int64_t N = 2, H = 3;
+  for (const AttnCase& c : kAttnCases) {
+    for (DType t : {DType::Float64, DType::Float32}) {
+      Generator gen(static_cast<uint64_t>(c.L * 1000 + c.S * 10 + c.mask));
+      auto q = Tensor<double>::randn({N, H, c.L, c.D}, Device::cpu(), 0.0, 1.0, gen);
+      auto k = Tensor<double>::randn({N, H, c.S, c.D}, Device::cpu(), 0.0, 1.0, gen);
+      auto v = Tensor<double>::randn({N, H, c.S, c.Dv}, Device::cpu(), 0.0, 1.0, gen);
+      auto w = Tensor<double>::randn({N, H, c.L, c.Dv}, Device::cpu(), 0.0, 1.0, gen);
+      nn::functional::AttentionOptions o{.attn_mask = attention_mask_for(c, N, H, t, gen), .is_causal = c.causal};
+      INFO(dtype_name(t) << " L " << c.L << " S " << c.S << " D " << c.D << " Dv " << c.Dv << " causal " << c.causal
+                         << " mask " << c.mask);
+      std::vector<std::vector<double>> f, r;
+      if (t == DType::Float64) {
+        f = attention_run<double>(q, k, v, w, o, true);
+        r = attention_run<double>(q, k, v, w, o, false);
+      } else {
+        auto cf = [](const Tensor<double>& x) { return Tensor<float>(x.to(DType::Float32)); };
+        f = attention_run<float>(cf(q), cf(k), cf(v), cf(w), o, true);
+        r = attention_run<float>(cf(q), cf(k), cf(v), cf(w), o, false);
+      }
+      const double tol = t == DType::Float64 ? 1e-12 : 2e-5;
+      for (size_t i = 0; i < f.size(); ++i) {
+        INFO("output " << i << " (0: out, 1-3: grad q, k, v)");
+        REQUIRE(attn_diff(f[i], r[i]) < tol);
+      }
+    }
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: a row whose keys are all masked is NaN on both paths", "[fused][attention]") {
+  Generator gen(5);
+  auto q = Tensor<double>::randn({1, 3, 4}, Device::cpu(), 0.0, 1.0, gen);
+  auto k = Tensor<double>::randn({1, 2, 4}, Device::cpu(), 0.0, 1.0, gen);
+  auto v = Tensor<double>::randn({1, 2, 4}, Device::cpu(), 0.0, 1.0, gen);
+  auto m = Tensor<uint8_t>::from_vector({0, 0, 1, 1, 0, 1}, {3, 2});  // row 1 sees no key
+  nn::functional::AttentionOptions o{.attn_mask = m};
+  auto f = nn::functional::scaled_dot_product_attention(q, k, v, o).to_double_vector();
+  o.allow_fused = false;
+  auto r = nn::functional::scaled_dot_product_attention(q, k, v, o).to_double_vector();
+  for (int d = 0; d < 4; ++d) {
+    REQUIRE(std::isnan(f[static_cast<size_t>(4 + d)]));
+    REQUIRE(std::isnan(r[static_cast<size_t>(4 + d)]));
+  }
+  REQUIRE(attn_diff(f, r) < 1e-12);
+  // row 2 sees key 0 only: its output is v[0]
+  for (int d = 0; d < 4; ++d) REQUIRE(f[static_cast<size_t>(8 + d)] == Approx(v.to_double_vector()[static_cast<size_t>(d)]));
+}
+
+TEST_CASE("scaled_dot_product_attention fused gradients (gradcheck, float64): causal, float and bool masks",
+          "[fused][attention][grad]") {
+  auto in = testing::random_inputs({{2, 5, 3}, {2, 7, 3}, {2, 7, 4}}, 41);
+  auto plain = [](const std::vector<AnyTensor>& x) {
+    return AnyTensor(nn::functional::scaled_dot_product_attention(Tensor<double>(x[0]), Tensor<double>(x[1]),
+                                                                  Tensor<double>(x[2])));
+  };
+  auto causal = [](const std::vector<AnyTensor>& x) {
+    return AnyTensor(nn::functional::scaled_dot_product_attention(Tensor<double>(x[0]), Tensor<double>(x[1]),
+                                                                  Tensor<double>(x[2]), {.is_causal = true, .scale = 0.7}));
+  };
+  Generator gen(3);
+  auto fmask = Tensor<double>::randn({2, 5, 7}, Device::cpu(), 0.0, 1.0, gen);
+  auto masked = [&](const std::vector<AnyTensor>& x) {
+    return AnyTensor(nn::functional::scaled_dot_product_attention(Tensor<double>(x[0]), Tensor<double>(x[1]),
+                                                                  Tensor<double>(x[2]), {.attn_mask = fmask}));
+  };
+  auto bmask = Tensor<uint8_t>::from_vector({0, 0, 0, 0, 0, 0, 1}, {7});  // the last key is padding
+  auto padded = [&](const std::vector<AnyTensor>& x) {
+    return AnyTensor(nn::functional::scaled_dot_product_attention(Tensor<double>(x[0]), Tensor<double>(x[1]),
+                                                                  Tensor<double>(x[2]), {.attn_mask = bmask, .is_causal = true}));
+  };
+  CHECK_GRADIENTS(plain, in);
+  CHECK_GRADIENTS(causal, in);
+  CHECK_GRADIENTS(masked, in);
+  CHECK_GRADIENTS(padded, in);
+}
+
+TEST_CASE("scaled_dot_product_attention fused: results do not depend on the thread count", "[fused][attention][threads]") {
+  ThreadsGuard guard;
+  Generator gen(8);
+  auto q = Tensor<float>::randn({2, 3, 150, 16}, Device::cpu(), 0.0, 1.0, gen);
+  auto k = Tensor<float>::randn({2, 3, 150, 16}, Device::cpu(), 0.0, 1.0, gen);
+  auto v = Tensor<float>::randn({2, 3, 150, 16}, Device::cpu(), 0.0, 1.0, gen);
+  auto w = Tensor<float>::randn({2, 3, 150, 16}, Device::cpu(), 0.0, 1.0, gen);
+  std::vector<std::vector<double>> first;
+  for (int threads : {1, 2, 3, 4}) {
+    set_num_threads(threads);
+    auto r = attention_run<float>(q, k, v, w, {.is_causal = true}, true);
+    if (first.empty()) first = r;
+    for (size_t i = 0; i < r.size(); ++i) REQUIRE(r[i] == first[i]);  // bitwise
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: bad inputs are errors naming the op, shapes and dtypes", "[fused][attention][errors]") {
+  auto q = Tensor<float>::zeros({2, 4, 8});
+  auto k = Tensor<float>::zeros({2, 5, 8});
+  auto v = Tensor<float>::zeros({2, 5, 6});
+  using nn::functional::scaled_dot_product_attention;
+  REQUIRE_THROWS_WITH(scaled_dot_product_attention(q, Tensor<float>::zeros({2, 5, 7}), v),
+                      Catch::Contains("scaled_dot_product_attention") && Catch::Contains("[2, 5, 7]"));
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(q, Tensor<float>::zeros({3, 5, 8}), v), ShapeError);
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(q, k, Tensor<float>::zeros({2, 4, 6})), ShapeError);
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(Tensor<float>::zeros({8}), k, v), ShapeError);
+  REQUIRE_THROWS_WITH(scaled_dot_product_attention(q, k, v, {.attn_mask = Tensor<float>::zeros({3, 5})}),
+                      Catch::Contains("attn_mask") && Catch::Contains("broadcast"));
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(q, k, v, {.attn_mask = Tensor<int32_t>::zeros({4, 5})}), DTypeError);
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(q, k, v, {.dropout_p = 1.5}), ValueError);
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(q, k, v, {.scale = std::numeric_limits<double>::infinity()}),
+                    ValueError);
+  // the kernel-level op
+  REQUIRE_THROWS_WITH(op::fused_attention(q.to(DType::Float16), k.to(DType::Float16), v.to(DType::Float16), {}, 1,
+                                          false, 1.0),
+                      Catch::Contains("scaled_dot_product_attention") && Catch::Contains("float16"));
+  REQUIRE_THROWS_AS(op::fused_attention(q, k, v, Tensor<float>::zeros({3, 4, 5}), 1, false, 1.0), ShapeError);
+  REQUIRE_THROWS_AS(op::fused_attention(q, k, v, Tensor<float>::zeros({1, 4, 5}), 3, false, 1.0), ValueError);
+  // float16 takes the composite (fp32 scores): same result as float32 within fp16 rounding
+  Generator gen(2);
+  auto qh = Tensor<float>::randn({2, 4, 8}, Device::cpu(), 0.0, 1.0, gen);
+  auto kh = Tensor<float>::randn({2, 5, 8}, Device::cpu(), 0.0, 1.0, gen);
+  auto vh = Tensor<float>::randn({2, 5, 6}, Device::cpu(), 0.0, 1.0, gen);
+  auto r16 = scaled_dot_product_attention(Tensor<half>(qh.to(DType::Float16)), Tensor<half>(kh.to(DType::Float16)),
+                                          Tensor<half>(vh.to(DType::Float16)), {.is_causal = true});
+  auto r32 = scaled_dot_product_attention(qh, kh, vh, {.is_causal = true});
+  REQUIRE(attn_diff(r16.to_double_vector(), r32.to_double_vector()) < 1e-2);
+}
+
+TEST_CASE("MultiheadAttention: the fused path (forward) equals the composite (forward_with_weights)", "[fused][attention]") {
+  Generator gen(17);
+  nn::MultiheadAttention mha(32, 4, {.dtype = DType::Float64});
+  auto x = Tensor<double>::randn({3, 20, 32}, Device::cpu(), 0.0, 1.0, gen);
+  std::vector<uint8_t> pad(3 * 20, 0);
+  for (int j = 15; j < 20; ++j) pad[static_cast<size_t>(2 * 20 + j)] = 1;
+  auto kpm = Tensor<uint8_t>::from_vector(pad, {3, 20});
+  auto am = Tensor<double>::randn({20, 20}, Device::cpu(), 0.0, 0.5, gen);
+  for (const nn::AttentionMask& m : {nn::AttentionMask{}, nn::AttentionMask{.is_causal = true},
+                                     nn::AttentionMask{.attn_mask = am, .key_padding_mask = kpm, .is_causal = true}}) {
+    auto fused = mha.forward(x, m).to_double_vector();
+    auto comp = mha.forward_with_weights(x, x, x, m).first.to_double_vector();
+    REQUIRE(attn_diff(fused, comp) < 1e-12);
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention on a device (pretend cuda:0 in CI) equals the CPU", "[fused][attention]") {
+  testing::PretendGpu pretend;
+  if (!cuda::is_available()) {
+    std::cout << "SKIPPED: no cuda:0, real or pretend\n";
+    return;
+  }
+  Generator gen(23);
+  auto q = Tensor<float>::randn({2, 2, 9, 8}, Device::cpu(), 0.0, 1.0, gen);
+  auto k = Tensor<float>::randn({2, 2, 11, 8}, Device::cpu(), 0.0, 1.0, gen);
+  auto v = Tensor<float>::randn({2, 2, 11, 8}, Device::cpu(), 0.0, 1.0, gen);
+  auto w = Tensor<float>::randn({2, 2, 9, 8}, Device::cpu(), 0.0, 1.0, gen);
+  auto m = Tensor<float>::randn({2, 1, 9, 11}, Device::cpu(), 0.0, 1.0, gen);
+  nn::functional::AttentionOptions o{.attn_mask = m, .is_causal = true};
+  auto c = attention_run<float>(q, k, v, w, o, true);
+  auto g = attention_run<float>(q, k, v, w, o, true, Device::cuda(0));
+  for (size_t i = 0; i < c.size(); ++i) REQUIRE(attn_diff(g[i], c[i]) < 2e-5);
+}
+
+TEST_CASE("parity: fused attention, CPU versus CUDA", "[fused][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  const int64_t N = 2, H = 4;
+  const AttnCase cases[] = {{128, 128, 64, 64, true, 0},  {77, 300, 128, 128, false, 3}, {300, 77, 32, 48, true, 2},
+                            {16, 16, 256, 256, true, 4}, {1, 5, 8, 8, false, 1},          {200, 200, 16, 16, false, 0}};
+  for (const AttnCase& c : cases) {
+    for (DType t : {DType::Float32, DType::Float64}) {
+      Generator gen(static_cast<uint64_t>(c.L + c.S + c.D));
+      auto q = Tensor<double>::randn({N, H, c.L, c.D}, Device::cpu(), 0.0, 1.0, gen);
+      auto k = Tensor<double>::randn({N, H, c.S, c.D}, Device::cpu(), 0.0, 1.0, gen);
+      auto v = Tensor<double>::randn({N, H, c.S, c.Dv}, Device::cpu(), 0.0, 1.0, gen);
+      auto w = Tensor<double>::randn({N, H, c.L, c.Dv}, Device::cpu(), 0.0, 1.0, gen);
+      nn::functional::AttentionOptions o{.attn_mask = attention_mask_for(c, N, H, t, gen), .is_causal = c.causal};
+      INFO(dtype_name(t) << " L " << c.L << " S " << c.S << " D " << c.D << " causal " << c.causal << " mask " << c.mask);
+      std::vector<std::vector<double>> cpu_r, gpu_r;
+      if (t == DType::Float64) {
+        cpu_r = attention_run<double>(q, k, v, w, o, true);
+        gpu_r = attention_run<double>(q, k, v, w, o, true, Device::cuda(0));
+      } else {
+        auto cf = [](const Tensor<double>& x) { return Tensor<float>(x.to(DType::Float32)); };
+        cpu_r = attention_run<float>(cf(q), cf(k), cf(v), cf(w), o, true);
+        gpu_r = attention_run<float>(cf(q), cf(k), cf(v), cf(w), o, true, Device::cuda(0));
+      }
+      const double tol = t == DType::Float64 ? 1e-11 : 5e-5;
+      for (size_t i = 0; i < cpu_r.size(); ++i) REQUIRE(attn_diff(gpu_r[i], cpu_r[i]) < tol);
     }
   }
 }

@@ -16,6 +16,7 @@
 
 #include <ember/ember.hpp>
 
+#include "gpu_skip.hpp"
 #include "pretend_gpu.hpp"
 
 using namespace ember;
@@ -1214,4 +1215,133 @@ TEST_CASE("a training loop: SGD + momentum, clip_grad_norm_ and WarmupCosineLR c
   CHECK(max_norm_seen > 1.0);  // clipping was active at some point
   CHECK(last < 1e-4);
   CHECK(first > 100 * last);
+}
+
+// ---------------------------------------------------------------- the fused Adam / AdamW step
+
+namespace {
+
+std::unique_ptr<optim::detail::AdamBase> make_adam(bool adamw, const AnyTensor& p, const optim::AdamOptions& o) {
+  if (adamw) return std::make_unique<optim::AdamW>(std::vector<AnyTensor>{p}, o);
+  return std::make_unique<optim::Adam>(std::vector<AnyTensor>{p}, o);
+}
+
+// Runs `steps` steps of Adam or AdamW from the same start with the fused kernel on or off and
+// returns the parameter values and state after each step.
+std::vector<std::vector<double>> adam_trajectory(bool fused, bool adamw, DType pdt, DType gdt,
+                                                 const optim::AdamOptions& o, int steps) {
+  Generator gen(77);
+  AnyTensor p = Tensor<double>::randn({37, 11}, Device::cpu(), 0.0, 1.0, gen).to(pdt);
+  p.set_requires_grad(true);
+  auto opt = make_adam(adamw, p, o);
+  opt->set_fused(fused);
+  std::vector<std::vector<double>> out;
+  for (int s = 0; s < steps; ++s) {
+    AnyTensor g = Tensor<double>::randn({37, 11}, Device::cpu(), 0.0, s == 1 ? 1e-3 : 2.0, gen).to(gdt);
+    if (s == 2) g = op::mul(g, 0.0);  // a zero gradient: the moments decay, amsgrad keeps its max
+    p.set_grad(g);
+    opt->step();
+    out.push_back(p.to_double_vector());
+    for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+      auto sd = opt->state_dict();
+      for (const auto& [k, t] : sd.state.at(0))
+        if (k == name) out.push_back(t.to_double_vector());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fused Adam / AdamW step equals the composite: weight decay, amsgrad, maximize, dtypes",
+          "[optim][adam][fused]") {
+  struct Case {
+    bool adamw;
+    optim::AdamOptions o;
+  };
+  const Case cases[] = {
+      {false, {}},
+      {false, {.weight_decay = 0.1, .amsgrad = true}},
+      {true, {}},
+      {true, {.lr = 0.05, .beta1 = 0.3, .beta2 = 0.9, .eps = 1e-6, .weight_decay = 0.2, .amsgrad = true,
+              .maximize = true}},
+      {false, {.beta1 = 0.7, .maximize = true}},  // lerp weight 1 - beta1 = 0.3, 0.7 above, 1.0 below
+      {true, {.beta1 = 0.0}},
+  };
+  const std::pair<DType, DType> dtypes[] = {{DType::Float64, DType::Float64},
+                                            {DType::Float32, DType::Float32},
+                                            {DType::Float16, DType::Float16},
+                                            {DType::BFloat16, DType::Float32}};
+  for (const Case& c : cases) {
+    for (const auto& [pdt, gdt] : dtypes) {
+      INFO((c.adamw ? "AdamW" : "Adam") << " param " << dtype_name(pdt) << " grad " << dtype_name(gdt));
+      auto f = adam_trajectory(true, c.adamw, pdt, gdt, c.o, 4);
+      auto r = adam_trajectory(false, c.adamw, pdt, gdt, c.o, 4);
+      REQUIRE(f.size() == r.size());
+      for (size_t i = 0; i < f.size(); ++i) {
+        INFO("vector " << i);
+        REQUIRE(f[i] == r[i]);  // bitwise: the same operations in the same order (no FMA at x86-64's baseline)
+      }
+    }
+  }
+}
+
+TEST_CASE("fused Adam: on a device (pretend cuda:0 in CI) it updates the device tensors as on the CPU",
+          "[optim][adam][fused][device]") {
+  testing::PretendGpu pretend;
+  if (!cuda::is_available()) {
+    std::cout << "SKIPPED: no cuda:0, real or pretend\n";
+    return;
+  }
+  Generator gen(5);
+  auto p0 = Tensor<float>::randn({300}, Device::cpu(), 0.0, 1.0, gen);
+  auto g0 = Tensor<float>::randn({300}, Device::cpu(), 0.0, 1.0, gen);
+  auto run = [&](Device d, bool fused) {
+    AnyTensor p = p0.to(d).detach().clone();  // to(cpu) of a CPU tensor shares its storage
+    p.set_requires_grad(true);
+    optim::AdamW opt({p}, {.lr = 0.01, .amsgrad = true});
+    opt.set_fused(fused);
+    for (int s = 0; s < 3; ++s) {
+      p.set_grad(g0.to(d));
+      opt.step();
+    }
+    REQUIRE(p.device() == d);
+    return p.to(Device::cpu()).to_double_vector();
+  };
+  const auto cpu = run(Device::cpu(), false);
+  REQUIRE(run(Device::cpu(), true) == cpu);
+  const auto dev = run(Device::cuda(0), true);
+  double worst = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) worst = std::max(worst, std::abs(dev[i] - cpu[i]));
+  INFO("largest difference " << worst);
+  REQUIRE(dev == cpu);
+}
+
+TEST_CASE("parity: fused Adam / AdamW step, CPU versus CUDA", "[optim][adam][fused][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  const std::pair<DType, DType> dtypes[] = {{DType::Float32, DType::Float32},
+                                            {DType::Float64, DType::Float64},
+                                            {DType::Float16, DType::Float16},
+                                            {DType::BFloat16, DType::Float32}};
+  for (bool adamw : {false, true}) {
+    for (const auto& [pdt, gdt] : dtypes) {
+      const optim::AdamOptions o{.lr = 0.01, .weight_decay = 0.05, .amsgrad = true};
+      Generator gen(11);
+      AnyTensor p0 = Tensor<double>::randn({100003}, Device::cpu(), 0.0, 1.0, gen).to(pdt);
+      std::vector<AnyTensor> grads;
+      for (int s = 0; s < 3; ++s) grads.push_back(Tensor<double>::randn({100003}, Device::cpu(), 0.0, 1.0, gen).to(gdt));
+      auto run = [&](Device d) {
+        AnyTensor p = p0.to(d).detach().clone();
+        p.set_requires_grad(true);
+        auto opt = make_adam(adamw, p, o);
+        for (const AnyTensor& g : grads) {
+          p.set_grad(g.to(d));
+          opt->step();
+        }
+        return p.to(Device::cpu()).to_double_vector();
+      };
+      INFO((adamw ? "AdamW" : "Adam") << " " << dtype_name(pdt) << " / " << dtype_name(gdt));
+      REQUIRE(run(Device::cuda(0)) == run(Device::cpu()));  // the same rounded operations in the same order
+    }
+  }
 }

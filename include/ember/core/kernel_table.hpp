@@ -133,6 +133,45 @@ struct CrossEntropyArgs {
   double label_smoothing = 0.0;
 };
 
+// Scaled dot-product attention (ops/attention.hpp) over bh independent heads (batch x heads), all
+// contiguous: q [bh, L, D], k [bh, S, D], v [bh, S, Dv], out [bh, L, Dv]; float32 or float64.
+//   scores[b, i, j] = scale * q[b, i] . k[b, j] + mask(b, i, j), -inf where causal and j > i
+//   out[b, i] = sum_j softmax_j(scores[b, i]) v[b, j]
+// The optional additive mask (q's dtype) has element (b, i, j) at
+// mask[(b / mask_group) * mask_batch_stride + i * S + j] (mask_batch_stride 0: one [L, S] mask for
+// every head; mask_group = heads: one mask per batch element shared by its heads). Forward writes
+// out and lse [bh, L], each row's log-sum-exp of the scores in the statistics type (double for
+// float64, else float); no [L, S] matrix is kept. A row with every score -inf gets NaN (as
+// softmax). Backward recomputes the probabilities from lse and writes (overwrites) gq, gk, gv;
+// delta [bh, L] (statistics type) is its workspace: delta[b, i] = gout[b, i] . out[b, i].
+// One Adam / AdamW step over the n elements of one parameter (optim/adam.hpp): the parameter
+// (param_dtype: float32, float64, float16 or bfloat16) and its gradient (grad_dtype, any floating
+// type) are read as the state type S (float32; float64 for float64 parameters: state_dtype);
+// exp_avg, exp_avg_sq and, with amsgrad, max_exp_avg_sq (else null) are S, updated in place; the
+// parameter is rounded back once. Per element, in this order, each scalar rounded to S:
+//   g = maximize ? -g : g
+//   weight_decay != 0: decoupled ? p = p * (1 - lr * weight_decay) : g = g + p * weight_decay
+//   exp_avg = lerp(exp_avg, g, 1 - beta1)   (|w| < 0.5: m + (g - m) * w, else g - (g - m) * (1 - w))
+//   exp_avg_sq = exp_avg_sq * beta2 + (g * (1 - beta2)) * g
+//   v = amsgrad ? (max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)) : exp_avg_sq   (NaN wins)
+//   p = p + (exp_avg * -step_size) / (sqrt(v) * (1 / bias_correction2_sqrt) + eps)
+struct AdamStepArgs {
+  DType param_dtype = DType::Float32, grad_dtype = DType::Float32, state_dtype = DType::Float32;
+  int64_t n = 0;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled = false, amsgrad = false, maximize = false;
+  double step_size = 0.0;              // lr / (1 - beta1^step)
+  double bias_correction2_sqrt = 1.0;  // sqrt(1 - beta2^step)
+};
+
+struct AttentionArgs {
+  DType dtype = DType::Float32;
+  int64_t bh = 0, L = 0, S = 0, D = 0, Dv = 0;
+  double scale = 1.0;
+  bool causal = false;
+  int64_t mask_group = 1, mask_batch_stride = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -206,6 +245,17 @@ class Backend {
                                      void* loss, void* lse, void* wt) = 0;
   virtual void cross_entropy_backward(const CrossEntropyArgs& a, const void* x, const int64_t* target,
                                       const void* w, const void* lse, const void* gloss, void* gx) = 0;
+
+  // Fused scaled dot-product attention (AttentionArgs); mask may be null.
+  virtual void attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+                                 const void* mask, void* out, void* lse) = 0;
+  virtual void attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+                                  const void* mask, const void* out, const void* lse, const void* gout, void* delta,
+                                  void* gq, void* gk, void* gv) = 0;
+
+  // Fused Adam / AdamW step (AdamStepArgs); max_exp_avg_sq is null without amsgrad.
+  virtual void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                         void* max_exp_avg_sq) = 0;
 
   // index_select on the middle axis of [outer, src_n, inner]: out[o, j, i] = x[o, idx[j], i].
   // Indices are int64 and already validated.

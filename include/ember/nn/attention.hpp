@@ -12,6 +12,8 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <vector>
 #include <utility>
 
 #include "ember/nn/dropout.hpp"
@@ -61,6 +63,116 @@ Tensor<C> additive_mask(const char* op, const AnyTensor& m) {
   EMBER_CHECK(is_floating(m.dtype()), DTypeError, op, ": a mask must be uint8 (nonzero = blocked) or floating point ",
               "(added to the scores), got ", m.desc());
   return Tensor<C>(m.to(dtype_of<C>));
+}
+
+// query, key and value defined and on one device.
+inline void check_attention_inputs(const char* name, const AnyTensor& q, const AnyTensor& k, const AnyTensor& v) {
+  op::detail::check_defined(name, q, "query");
+  op::detail::check_defined(name, k, "key");
+  op::detail::check_defined(name, v, "value");
+  op::detail::check_same_device(name, q, k);
+  op::detail::check_same_device(name, q, v);
+}
+
+// Options of scaled_dot_product_attention (torch.nn.functional.scaled_dot_product_attention's).
+struct AttentionOptions {
+  // Broadcastable to [..., L, S]: uint8 (nonzero = may not attend) or floating point (added).
+  AnyTensor attn_mask;
+  double dropout_p = 0.0;  // on the attention weights; applied whenever > 0, as PyTorch's functional
+  bool is_causal = false;  // query i sees keys j <= i only (top-left aligned)
+  std::optional<double> scale;  // default 1 / sqrt(D)
+  // false: always the composite (matmul, softmax, matmul), the reference the fused kernel is
+  // tested against. The fused kernel is taken otherwise when it applies (see below).
+  bool allow_fused = true;
+};
+
+// Head sizes (D and Dv) up to which the CUDA kernel runs; larger heads take the composite on CUDA.
+inline constexpr int64_t kFusedAttentionMaxHeadDim = 256;
+
+// softmax(scale q k^T + mask) v over the last two dimensions: q [..., L, D], k [..., S, D],
+// v [..., S, Dv] with the same leading dimensions; returns [..., L, Dv]. The fused kernel
+// (op::fused_attention: one pass per direction, no [L, S] matrix per head) is used for float32
+// and float64 without dropout when the mask needs no gradient (and, on CUDA, D, Dv <= 256); else
+// the composite, whose scores and softmax are in compute_t<T> (fp32 for fp16/bf16). A row whose
+// keys are all masked gives NaN on both paths (as PyTorch's math path).
+template <Element T>
+Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                       const AttentionOptions& o = {}, Generator& gen = default_generator()) {
+  static_assert(std::is_floating_point_v<compute_t<T>>, "scaled_dot_product_attention: floating-point input only");
+  using C = compute_t<T>;
+  const char* name = "scaled_dot_product_attention";
+  check_attention_inputs(name, q, k, v);
+  check_dropout_p(name, o.dropout_p);
+  const int rank = q.dim();
+  EMBER_CHECK(rank >= 2 && k.dim() == rank && v.dim() == rank, ShapeError, name,
+              ": query, key and value must have the same rank, at least 2 ([..., L, D]), got ", q.desc(), ", ",
+              k.desc(), ", ", v.desc());
+  auto lead_of = [](const AnyTensor& t) {
+    std::vector<int64_t> s = t.shape().vec();
+    s.resize(s.size() - 2);
+    return s;
+  };
+  const std::vector<int64_t> lead = lead_of(q);
+  const int64_t L = q.shape()[rank - 2], D = q.shape()[rank - 1];
+  const int64_t S = k.shape()[rank - 2], Dv = v.shape()[rank - 1];
+  EMBER_CHECK(lead_of(k) == lead && lead_of(v) == lead && k.shape()[rank - 1] == D && v.shape()[rank - 2] == S,
+              ShapeError, name, ": query ", q.desc(), ", key ", k.desc(), " and value ", v.desc(),
+              " must be [..., L, D], [..., S, D] and [..., S, Dv] with the same leading dimensions");
+  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(D, 1)));
+  EMBER_CHECK(std::isfinite(scale), ValueError, name, ": scale must be finite, got ", scale);
+  std::vector<int64_t> full = lead;
+  full.push_back(L);
+  full.push_back(S);
+  if (o.attn_mask.defined()) {
+    op::detail::check_same_device(name, q, o.attn_mask);
+    const Shape b = op::detail::broadcast_shapes(name, o.attn_mask.shape(), Shape(full), " (attn_mask)", " (the scores)");
+    EMBER_CHECK(b == Shape(full), ShapeError, name, ": attn_mask ", o.attn_mask.desc(),
+                " does not broadcast to the scores' shape ", Shape(full).str());
+  }
+  const bool fused = o.allow_fused && (std::is_same_v<T, float> || std::is_same_v<T, double>) &&
+                     o.dropout_p == 0.0 && (!o.attn_mask.defined() || !o.attn_mask.requires_grad()) &&
+                     D >= 1 && Dv >= 1 && S >= 1 &&  // no key at all: the composite's zeros
+                     (!q.device().is_cuda() || (D <= kFusedAttentionMaxHeadDim && Dv <= kFusedAttentionMaxHeadDim));
+  if (fused) {
+    int64_t bh = 1;
+    for (int64_t d : lead) bh *= d;
+    AnyTensor mask;
+    int64_t group = 1;
+    if (o.attn_mask.defined()) {
+      // The mask is materialised over the leading dimensions it varies in; the trailing leading
+      // dimensions it is broadcast over (heads, typically) become mask_group.
+      Tensor<T> am = additive_mask<T>(name, o.attn_mask);
+      const int r = static_cast<int>(lead.size()), mr = am.dim() - 2;
+      auto mask_dim = [&](int t) -> int64_t {
+        const int u = t - (r - mr);
+        return u >= 0 ? am.shape()[u] : 1;
+      };
+      int p = r;
+      while (p > 0 && mask_dim(p - 1) == 1) --p;
+      std::vector<int64_t> target(lead.begin(), lead.begin() + p);
+      int64_t outer = 1;
+      for (int64_t d : target) outer *= d;
+      for (int t = p; t < r; ++t) target.push_back(1);
+      target.push_back(L);
+      target.push_back(S);
+      Tensor<T> m = expand(am, Shape(target));  // right-aligned, as every broadcast
+      mask = p == 0 ? AnyTensor(m.reshape({L, S})) : AnyTensor(m.reshape({outer, L, S}));
+      group = p == 0 ? 1 : bh / std::max<int64_t>(outer, 1);
+    }
+    AnyTensor out = op::fused_attention(q.reshape({bh, L, D}), k.reshape({bh, S, D}), v.reshape({bh, S, Dv}), mask,
+                                        group, o.is_causal, scale);
+    std::vector<int64_t> os = lead;
+    os.push_back(L);
+    os.push_back(Dv);
+    return Tensor<T>(out.reshape(Shape(os)));
+  }
+  // The composite. q is scaled before the product (as nn::MultiheadAttention always did).
+  Tensor<C> scores = matmul(q * scale, k, false, true).template to<C>();  // [..., L, S]
+  if (o.is_causal) scores = scores + causal_mask<C>(L, S, scores.device());
+  if (o.attn_mask.defined()) scores = scores + additive_mask<C>(name, o.attn_mask);
+  Tensor<C> attn = softmax(scores, -1);
+  if (o.dropout_p > 0.0) attn = dropout(attn, o.dropout_p, true, gen);
+  return matmul(attn.template to<T>(), v);
 }
 }  // namespace functional
 
@@ -124,11 +236,7 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
     static_assert(std::is_floating_point_v<compute_t<T>>, "MultiheadAttention: floating-point input only");
     using C = compute_t<T>;
     const char* name = "MultiheadAttention";
-    op::detail::check_defined(name, query, "query");
-    op::detail::check_defined(name, key, "key");
-    op::detail::check_defined(name, value, "value");
-    op::detail::check_same_device(name, query, key);
-    op::detail::check_same_device(name, query, value);
+    functional::check_attention_inputs(name, query, key, value);
     const int rank = query.dim();
     EMBER_CHECK((rank == 3 || rank == 2) && key.dim() == rank && value.dim() == rank, ShapeError, name, "(",
                 embed_dim_, ", ", num_heads_, "): query, key and value must all be 3-D (or all 2-D, unbatched), got ",
@@ -176,36 +284,48 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
       }
     }
     // Heads: [N, H, L, D].
-    q = permute(q.reshape({N, L, H, D}), {0, 2, 1, 3}) * (1.0 / std::sqrt(static_cast<double>(D)));
+    q = permute(q.reshape({N, L, H, D}), {0, 2, 1, 3});
     k = permute(k.reshape({N, S, H, D}), {0, 2, 1, 3});
     v = permute(v.reshape({N, S, H, D}), {0, 2, 1, 3});
-    Tensor<C> scores = matmul(q, k, false, true).template to<C>();  // [N, H, L, S]
-
-    if (mask.is_causal) scores = scores + functional::causal_mask<C>(L, S, scores.device());
+    // The user's masks as one additive mask broadcastable to [N, H, L, S] (the causal one is a flag).
+    Tensor<C> add;
     if (mask.attn_mask.defined()) {
       const AnyTensor& m = mask.attn_mask;
       op::detail::check_same_device(name, query, m);
-      Tensor<C> am = functional::additive_mask<C>(name, m);
+      add = functional::additive_mask<C>(name, m);
       if (m.dim() == 2) {
         EMBER_CHECK(m.shape() == (Shape{L, S}), ShapeError, name, ": attn_mask ", m.desc(), " must be [L, S] = [", L,
                     ", ", S, "] or [N * num_heads, L, S]");
       } else {
         EMBER_CHECK(m.dim() == 3 && m.shape() == (Shape{N * H, L, S}), ShapeError, name, ": attn_mask ", m.desc(),
                     " must be [L, S] or [N * num_heads, L, S] = [", N * H, ", ", L, ", ", S, "]");
-        am = am.reshape({N, H, L, S});
+        add = add.reshape({N, H, L, S});
       }
-      scores = scores + am;
     }
     if (mask.key_padding_mask.defined()) {
       const AnyTensor& m = mask.key_padding_mask;
       op::detail::check_same_device(name, query, m);
       EMBER_CHECK(m.shape() == (Shape{N, S}), ShapeError, name, ": key_padding_mask ", m.desc(), " must be [N, S] = [",
                   N, ", ", S, "]");
-      scores = scores + functional::additive_mask<C>(name, m).reshape({N, 1, 1, S});
+      Tensor<C> kp = functional::additive_mask<C>(name, m).reshape({N, 1, 1, S});
+      add = add.defined() ? add + kp : kp;
     }
-    Tensor<C> attn = softmax(scores, -1);
-    if (is_training() && opt_.dropout > 0.0) attn = functional::dropout(attn, opt_.dropout, true);
-    Tensor<T> ctx = matmul(attn.template to<T>(), v);                // [N, H, L, D]
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const bool dropout_now = is_training() && opt_.dropout > 0.0;
+    Tensor<T> ctx;
+    Tensor<C> attn;
+    if (!need_weights && !dropout_now) {
+      // The fused kernel where it applies (float32/float64), else the same composite as below.
+      ctx = functional::scaled_dot_product_attention(q, k, v, {.attn_mask = add, .is_causal = mask.is_causal,
+                                                               .scale = scale});
+    } else {
+      Tensor<C> scores = matmul(q * scale, k, false, true).template to<C>();  // [N, H, L, S]
+      if (mask.is_causal) scores = scores + functional::causal_mask<C>(L, S, scores.device());
+      if (add.defined()) scores = scores + add;
+      attn = softmax(scores, -1);
+      if (dropout_now) attn = functional::dropout(attn, opt_.dropout, true);
+      ctx = matmul(attn.template to<T>(), v);  // [N, H, L, D]
+    }
     ctx = permute(ctx, {0, 2, 1, 3}).reshape({N, L, E});              // [N, L, E]
     Tensor<T> out = (*out_proj)(ctx);
     Tensor<C> weights;

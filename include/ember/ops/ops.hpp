@@ -1,5 +1,6 @@
 #pragma once
 // All op families.
+#include "ember/ops/attention.hpp"
 #include "ember/ops/compare.hpp"
 #include "ember/ops/conv.hpp"
 #include "ember/ops/elementwise.hpp"

@@ -63,9 +63,22 @@ class AdamBase : public Optimizer {
         AnyTensor& exp_avg = *find_state(st, "exp_avg");
         AnyTensor& exp_avg_sq = *find_state(st, "exp_avg_sq");
         const double step = increment_step(*find_state(st, "step"));
+        const double bias_correction1 = 1.0 - std::pow(beta1, step);
+        const double bias_correction2 = 1.0 - std::pow(beta2, step);
+        const double step_size = lr / bias_correction1;
+        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
 
-        // A fused kernel (torch's fused=True: one pass over p, grad and the moments) would replace
-        // this sequence of ops.
+        if (fused_ && fused_applies(p, grad, exp_avg, exp_avg_sq, amsgrad ? max_sq : nullptr)) {
+          // One pass over p, grad and the moments (Backend::adam_step), the composite's operations
+          // in its order: the same values (bitwise on the CPU without FMA contraction).
+          const AdamStepArgs a{p.dtype(), grad.dtype(), sd, p.numel(), lr, beta1, beta2, eps, weight_decay,
+                               decoupled_, amsgrad, maximize, step_size, bias_correction2_sqrt};
+          if (a.n > 0)
+            p.backend().adam_step(a, p.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+                                  amsgrad ? max_sq->data_ptr() : nullptr);
+          continue;
+        }
+        // The composite (set_fused(false), or tensors the kernel does not take).
         AnyTensor param = value_as(p, sd);
         AnyTensor g = value_as(grad, sd);
         if (maximize) g = op::neg(g);
@@ -78,10 +91,6 @@ class AdamBase : public Optimizer {
         }
         exp_avg = lerp(exp_avg, g, 1.0 - beta1);
         exp_avg_sq = op::add(op::mul(exp_avg_sq, beta2), op::mul(op::mul(g, 1.0 - beta2), g));
-        const double bias_correction1 = 1.0 - std::pow(beta1, step);
-        const double bias_correction2 = 1.0 - std::pow(beta2, step);
-        const double step_size = lr / bias_correction1;
-        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
         AnyTensor v = exp_avg_sq;
         if (amsgrad) {
           *max_sq = op::maximum(*max_sq, exp_avg_sq);
@@ -92,6 +101,11 @@ class AdamBase : public Optimizer {
       }
     }
   }
+
+  // The fused step (default on): one kernel per parameter instead of ~15 elementwise ops.
+  // set_fused(false) takes the composite, the reference the kernel is tested against.
+  void set_fused(bool on) { fused_ = on; }
+  bool fused() const { return fused_; }
 
  protected:
   AdamBase(const char* name, std::vector<AnyTensor> params, const AdamOptions& options, double default_wd,
@@ -115,6 +129,18 @@ class AdamBase : public Optimizer {
   }
 
  private:
+  // The kernel takes a floating parameter with its gradient and state on its device, all of one
+  // size; anything else (a gradient on another device, say) keeps the composite and its errors.
+  static bool fused_applies(const AnyTensor& p, const AnyTensor& grad, const AnyTensor& m, const AnyTensor& v,
+                            const AnyTensor* vmax) {
+    if (!is_floating(p.dtype()) || !is_floating(grad.dtype())) return false;
+    for (const AnyTensor* t : {&grad, &m, &v, vmax}) {
+      if (t == nullptr) continue;
+      if (t->device() != p.device() || t->numel() != p.numel()) return false;
+    }
+    return m.dtype() == state_dtype(p.dtype()) && v.dtype() == m.dtype() && (!vmax || vmax->dtype() == m.dtype());
+  }
+
   static Hyperparams resolve(Hyperparams h, const AdamOptions& o) {
     put(h, "lr", o.lr);
     put(h, "beta1", o.beta1);
@@ -127,6 +153,7 @@ class AdamBase : public Optimizer {
   }
 
   bool decoupled_;
+  bool fused_ = true;
 };
 }  // namespace detail
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ember/backend/cpu/allocator.hpp"
+#include "ember/backend/cpu/attention.hpp"
 #include "ember/backend/cpu/conv.hpp"
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
@@ -10,13 +11,48 @@
 #include "ember/backend/cpu/pool.hpp"
 #include "ember/backend/cpu/loss.hpp"
 #include "ember/backend/cpu/norm.hpp"
+#include "ember/backend/cpu/optim_step.hpp"
 #include "ember/backend/cpu/preprocess.hpp"
 #include "ember/backend/cpu/reduce.hpp"
 
 namespace ember::cpu {
 
+namespace detail {
+// The fused attention's dtypes: float32 and float64 (the op takes the composite path otherwise).
+template <class F>
+void dispatch_attention(DType t, const char* op, F&& f) {
+  if (t == DType::Float32) return f(float{});
+  if (t == DType::Float64) return f(double{});
+  throw DTypeError(std::string(op) + ": the fused kernel takes float32 or float64, got " + dtype_name(t));
+}
+}  // namespace detail
+
 class CpuBackend : public Backend {
  public:
+  // adam_step for the state type S: dispatches the parameter's and the gradient's dtypes. (The
+  // dtype test sits in adam_step_typed: written inside the nested generic lambdas, GCC 12
+  // evaluated std::is_floating_point_v<compute_t<P>> as false for P = double.)
+  template <class S>
+  static void adam_step_as(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                           void* max_exp_avg_sq) {
+    dispatch_dtype(a.param_dtype, [&](auto ptag) {
+      dispatch_dtype(a.grad_dtype, [&](auto gtag) {
+        adam_step_typed<S, decltype(ptag), decltype(gtag)>(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
+      });
+    });
+  }
+  template <class S, class P, class G>
+  static void adam_step_typed(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                              void* max_exp_avg_sq) {
+    if constexpr (std::is_floating_point_v<compute_t<P>> && std::is_floating_point_v<compute_t<G>>) {
+      cpu::adam_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(exp_avg),
+                              static_cast<S*>(exp_avg_sq), static_cast<S*>(max_exp_avg_sq));
+    } else {
+      throw DTypeError(std::string("adam_step: floating parameters and gradients only, got ") +
+                       dtype_name(a.param_dtype) + " and " + dtype_name(a.grad_dtype));
+    }
+  }
+
   Device device() const override { return Device::cpu(); }
 
   void* allocate(size_t bytes) override { return alloc_.allocate(bytes); }
@@ -144,6 +180,36 @@ class CpuBackend : public Backend {
         throw DTypeError(std::string("layer_norm backward: floating types only, got ") + dtype_name(a.dtype));
       }
     });
+  }
+  void attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v, const void* mask,
+                         void* out, void* lse) override {
+    detail::dispatch_attention(a.dtype, "scaled_dot_product_attention", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::attention_forward<T>(a, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                                static_cast<const T*>(mask), static_cast<T*>(out),
+                                static_cast<cpu::norm_stat_t<T>*>(lse));
+    });
+  }
+  void attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v, const void* mask,
+                          const void* out, const void* lse, const void* gout, void* delta, void* gq, void* gk,
+                          void* gv) override {
+    detail::dispatch_attention(a.dtype, "scaled_dot_product_attention backward", [&](auto tag) {
+      using T = decltype(tag);
+      using S = cpu::norm_stat_t<T>;
+      cpu::attention_backward<T>(a, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                                 static_cast<const T*>(mask), static_cast<const T*>(out), static_cast<const S*>(lse),
+                                 static_cast<const T*>(gout), static_cast<S*>(delta), static_cast<T*>(gq),
+                                 static_cast<T*>(gk), static_cast<T*>(gv));
+    });
+  }
+  void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                 void* max_exp_avg_sq) override {
+    if (a.state_dtype == DType::Float32)
+      adam_step_as<float>(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
+    else if (a.state_dtype == DType::Float64)
+      adam_step_as<double>(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
+    else
+      throw DTypeError(std::string("adam_step: the state is float32 or float64, got ") + dtype_name(a.state_dtype));
   }
   void cross_entropy_forward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
                              void* loss, void* lse, void* wt) override {

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "ember/backend/cpu/parallel.hpp"
+#include "ember/backend/cpu/vector_math.hpp"
 #include "ember/backend/elementwise_math.hpp"
 #include "ember/core/random.hpp"
 
@@ -134,7 +135,7 @@ void random_uniform(T* dst, int64_t n, uint64_t seed, uint64_t offset, double lo
   using C = calc_t<T>;
   parallel_elements(n, kGrainTranscendental, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      float u = detail::philox_uniform(seed, offset, i);
+      float u = ::ember::detail::philox_uniform(seed, offset, i);
       dst[i] = from_calc<T>(static_cast<C>(lo + (hi - lo) * static_cast<double>(u)));
     }
   });
@@ -145,7 +146,7 @@ void random_normal(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mea
   using C = calc_t<T>;
   parallel_elements(n, kGrainTranscendental, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
-      dst[i] = from_calc<T>(static_cast<C>(mean + stddev * detail::philox_normal(seed, offset, i)));
+      dst[i] = from_calc<T>(static_cast<C>(mean + stddev * ::ember::detail::philox_normal(seed, offset, i)));
   });
 }
 
@@ -171,6 +172,19 @@ void unary(UnaryOp op, const T* x, T* out, int64_t n, double a, double b) {
       default: break;
     }
   }
+  // tanh and the tanh GELU (the transformer MLP's activation) in fp32: vector lanes
+  // (vector_math.hpp; libm's tanhf is scalar and was a third of a transformer training step).
+  if constexpr (std::is_same_v<T, float>) {
+    if (detail::kHaveVectorMath && (op == UnaryOp::Tanh || op == UnaryOp::GeluTanh)) {
+      parallel_elements(n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
+        if (op == UnaryOp::Tanh)
+          detail::tanh_f32(x + lo, out + lo, hi - lo);
+        else
+          detail::gelu_tanh_f32(x + lo, out + lo, hi - lo);
+      });
+      return;
+    }
+  }
   parallel_elements(n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = from_calc<T>(math::unary<C>(op, static_cast<C>(x[i]), ca, cb));
   });
@@ -184,6 +198,20 @@ void unary_backward(UnaryOp op, const T* x, const T* y, const T* gy, T* gx, int6
     if (op == UnaryOp::Relu && x) {  // the common backward: a vectorised select
       parallel_elements(n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * math::unary_derivative<C>(op, x[i], C(0), ca, cb);
+      });
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (detail::kHaveVectorMath && op == UnaryOp::GeluTanh && x) {
+      parallel_elements(n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
+        detail::gelu_tanh_backward_f32(x + lo, gy + lo, gx + lo, hi - lo);
+      });
+      return;
+    }
+    if (op == UnaryOp::Tanh && y) {  // 1 - y^2: the same formula as math::unary_derivative, in a plain loop
+      parallel_elements(n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * (1.0f - y[i] * y[i]);
       });
       return;
     }

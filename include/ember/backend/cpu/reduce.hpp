@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ember/backend/cpu/elementwise.hpp"
+#include "ember/backend/cpu/vector_math.hpp"
 #include "ember/core/macros.hpp"
 
 namespace ember::cpu {
@@ -18,36 +19,6 @@ namespace ember::cpu {
 inline constexpr int64_t kReduceBlock = 1 << 16;
 
 namespace detail {
-
-// exp for float, branch-free so that the compiler vectorises loops over it: exp(x) = 2^k exp(r),
-// k = round(x / ln 2), r = x - k ln 2 (two-part ln 2), exp(r) by a degree-6 polynomial (the
-// classic Cephes expf coefficients); within 2 ulp of std::exp over the whole range, exactly 0 below
-// -87.34 and inf above 88.72, NaN for NaN.
-inline float fast_expf(float x) {
-  const float xc = x < -87.336544f ? -87.336544f : (x > 88.7228f ? 88.7228f : x);
-  const float t = xc * 1.44269504088896341f;
-  const int ki = static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f));
-  const float k = static_cast<float>(ki);
-  const float r = (xc - k * 0.693359375f) - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // 2^k by building the exponent; k in [-126, 128): split in two factors so that 2^128 (x near
-  // 88.72) does not overflow the exponent field.
-  const int k1 = ki / 2, k2 = ki - k1;
-  uint32_t b1 = static_cast<uint32_t>(k1 + 127) << 23, b2 = static_cast<uint32_t>(k2 + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, sizeof s1);
-  std::memcpy(&s2, &b2, sizeof s2);
-  float y = p * s1 * s2;
-  y = x < -87.336544f ? 0.0f : y;
-  y = x > 88.7228f ? std::numeric_limits<float>::infinity() : y;
-  return x != x ? x : y;
-}
 
 template <class C>
 inline C vexp(C x) {
@@ -169,25 +140,23 @@ void softmax_rows(const T* x, T* y, int64_t r, int64_t cols, bool log) {
   const T* xr = x + r * cols;
   T* yr = y + r * cols;
   C mx = -std::numeric_limits<C>::infinity();
-  for (int64_t c = 0; c < cols; ++c) {
-    const C v = static_cast<C>(xr[c]);
-    mx = v > mx ? v : mx;
+  if constexpr (std::is_same_v<T, float>) {
+    mx = detail::row_max(xr, cols);
+  } else {
+    for (int64_t c = 0; c < cols; ++c) {
+      const C v = static_cast<C>(xr[c]);
+      mx = v > mx ? v : mx;
+    }
   }
   if (mx == -std::numeric_limits<C>::infinity()) mx = C(0);  // a row of -inf gives nan like PyTorch
   if constexpr (std::is_same_v<T, float>) {
     float sum = 0.0f;
     if (log) {
-EMBER_OMP_SIMD(reduction(+ : sum))
-      for (int64_t c = 0; c < cols; ++c) sum += detail::fast_expf(xr[c] - mx);
+      sum = detail::exp_sub_sum(xr, yr, cols, mx);  // the exponentials go to yr, overwritten next
       const float lse = std::log(sum);
       for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mx) - lse;
     } else {
-EMBER_OMP_SIMD(reduction(+ : sum))
-      for (int64_t c = 0; c < cols; ++c) {
-        const float e = detail::fast_expf(xr[c] - mx);
-        yr[c] = e;
-        sum += e;
-      }
+      sum = detail::exp_sub_sum(xr, yr, cols, mx);
       const float inv = 1.0f / sum;
       for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
     }

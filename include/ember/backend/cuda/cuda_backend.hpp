@@ -25,6 +25,8 @@
 #include "ember/backend/cuda/kernels/softmax.cuh"
 #include "ember/backend/cuda/kernels/norm.cuh"
 #include "ember/backend/cuda/kernels/cross_entropy.cuh"
+#include "ember/backend/cuda/kernels/attention.cuh"
+#include "ember/backend/cuda/kernels/optim_step.cuh"
 #include "ember/backend/cuda/runtime.hpp"
 
 namespace ember::cuda_impl {
@@ -627,6 +629,26 @@ class CudaBackend final : public Backend {
             xt, target, wt_, st, gl, gxt, a.rows, a.classes, a.ignore_index, a.label_smoothing);
       EMBER_CUDA_CHECK_LAUNCH();
     });
+  }
+
+  // ---- fused scaled dot-product attention (kernels/attention.cuh)
+  void attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v, const void* mask,
+                         void* out, void* lse) override {
+    Guard g(device_);
+    launch_attention_forward(a, q, k, v, mask, out, lse, device_, sm_count_, stream_);
+  }
+  void attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v, const void* mask,
+                          const void* out, const void* lse, const void* gout, void* delta, void* gq, void* gk,
+                          void* gv) override {
+    Guard g(device_);
+    launch_attention_backward(a, q, k, v, mask, out, lse, gout, delta, gq, gk, gv, device_, sm_count_, stream_);
+  }
+
+  // ---- fused Adam / AdamW step (kernels/optim_step.cuh)
+  void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                 void* max_exp_avg_sq) override {
+    Guard g(device_);
+    launch_adam_step(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, device_, grid(a.n), stream_);
   }
 
   // ---- indexing

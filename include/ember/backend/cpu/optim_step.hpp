@@ -1,0 +1,59 @@
+#pragma once
+// CPU kernel of the fused Adam / AdamW step (core/kernel_table.hpp AdamStepArgs): one pass over
+// the parameter, its gradient and the moments instead of the ~15 elementwise ops (each a full
+// pass over memory) of the composite in optim/adam.hpp. Each element follows the composite's
+// operations in the same order, with the scalars rounded to the state type as the scalar ops
+// round them (x * S(a); a division by a scalar is a multiplication by S(1 / a)), so without FMA
+// contraction (x86-64's baseline) the result is bitwise the composite's. Threaded over elements
+// (each element is independent: the result never depends on the thread count).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "ember/backend/cpu/elementwise.hpp"
+#include "ember/backend/cpu/parallel.hpp"
+
+namespace ember::cpu {
+
+// P: the parameter's element type, G: the gradient's, S: the state's (float or double).
+template <class P, class G, class S>
+void adam_step(const AdamStepArgs& a, P* param, const G* grad, S* exp_avg, S* exp_avg_sq, S* max_exp_avg_sq) {
+  const S decay = static_cast<S>(1.0 - a.lr * a.weight_decay);
+  const S wd = static_cast<S>(a.weight_decay);
+  const double w = 1.0 - a.beta1;  // lerp(exp_avg, g, w)
+  const bool lerp_low = std::abs(w) < 0.5;
+  const S w_s = static_cast<S>(lerp_low ? w : 1.0 - w);
+  const S beta2 = static_cast<S>(a.beta2), one_minus_beta2 = static_cast<S>(1.0 - a.beta2);
+  const S inv_bc2 = static_cast<S>(1.0 / a.bias_correction2_sqrt);
+  const S eps = static_cast<S>(a.eps);
+  const S neg_step = static_cast<S>(-a.step_size);
+  parallel_for(0, a.n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
+      S g = static_cast<S>(static_cast<calc_t<G>>(grad[i]));
+      if (a.maximize) g = -g;
+      if (a.weight_decay != 0.0) {
+        if (a.decoupled)
+          p = p * decay;
+        else
+          g = g + p * wd;
+      }
+      S m = exp_avg[i];
+      const S d = g - m;
+      m = lerp_low ? m + d * w_s : g - d * w_s;
+      exp_avg[i] = m;
+      S v = exp_avg_sq[i] * beta2 + (g * one_minus_beta2) * g;
+      exp_avg_sq[i] = v;
+      if (a.amsgrad) {
+        const S old = max_exp_avg_sq[i];
+        v = (std::isnan(old) || std::isnan(v)) ? std::numeric_limits<S>::quiet_NaN() : (old > v ? old : v);
+        max_exp_avg_sq[i] = v;
+      }
+      const S denom = std::sqrt(v) * inv_bc2 + eps;
+      p = p + (m * neg_step) / denom;
+      param[i] = from_calc<P>(static_cast<calc_t<P>>(p));
+    }
+  });
+}
+
+}  // namespace ember::cpu
