@@ -324,6 +324,24 @@ TEST_CASE("vector tanh and tanh-GELU (fp32): accuracy, edges, tails, the ops and
   float nan_in = std::numeric_limits<float>::quiet_NaN(), nan_out = 0;
   cpu::detail::tanh_f32(&nan_in, &nan_out, 1);
   REQUIRE(std::isnan(nan_out));
+  // ReLU and its gradient on the lanes: math::unary's and unary_derivative's formulas exactly
+  {
+    std::vector<float> rx = x, gyv(x.size());
+    rx.push_back(std::numeric_limits<float>::quiet_NaN());
+    gyv.resize(rx.size());
+    for (size_t i = 0; i < gyv.size(); ++i) gyv[i] = (i % 3 == 0) ? -1.5f : 0.25f;
+    gyv[7] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> ry(rx.size()), rg(rx.size());
+    const auto n = static_cast<int64_t>(rx.size());
+    cpu::detail::relu_f32(rx.data(), ry.data(), n);
+    cpu::detail::relu_backward_f32(rx.data(), gyv.data(), rg.data(), n);
+    auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b)); };
+    for (size_t i = 0; i < rx.size(); ++i) {
+      INFO("x " << rx[i] << " gy " << gyv[i]);
+      REQUIRE(same(ry[i], math::unary<float>(UnaryOp::Relu, rx[i], 0.0f, 0.0f)));
+      REQUIRE(same(rg[i], gyv[i] * math::unary_derivative<float>(UnaryOp::Relu, rx[i], 0.0f, 0.0f, 0.0f)));
+    }
+  }
   // a tail (n % lanes) is computed by the same lanes: any prefix gives the same bits
   for (int64_t n = 1; n <= 17; ++n) {
     std::vector<float> z(static_cast<size_t>(n));

@@ -154,6 +154,25 @@ template <class T>
 void unary(UnaryOp op, const T* x, T* out, int64_t n, double a, double b) {
   using C = calc_t<T>;
   const C ca = static_cast<C>(a), cb = static_cast<C>(b);
+  // fp32 tanh, tanh GELU (the transformer MLP's activation) and ReLU on vector lanes
+  // (vector_math.hpp): libm's tanhf is scalar and was a third of a transformer training step, and
+  // GCC leaves the select loops below scalar (-ftrapping-math).
+  if constexpr (std::is_same_v<T, float>) {
+    if (detail::kHaveVectorMath && (op == UnaryOp::Tanh || op == UnaryOp::GeluTanh)) {
+      parallel_elements(n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
+        if (op == UnaryOp::Tanh)
+          detail::tanh_f32(x + lo, out + lo, hi - lo);
+        else
+          detail::gelu_tanh_f32(x + lo, out + lo, hi - lo);
+      });
+      return;
+    }
+    if (detail::kHaveVectorMath && op == UnaryOp::Relu) {  // the select loop below stays scalar
+      parallel_elements(n, kGrainElementwise,
+                        [&](int64_t lo, int64_t hi) { detail::relu_f32(x + lo, out + lo, hi - lo); });
+      return;
+    }
+  }
   // The common ops get their own loops so that the compiler vectorises them.
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     auto run = [&](auto body) {
@@ -172,19 +191,6 @@ void unary(UnaryOp op, const T* x, T* out, int64_t n, double a, double b) {
       default: break;
     }
   }
-  // tanh and the tanh GELU (the transformer MLP's activation) in fp32: vector lanes
-  // (vector_math.hpp; libm's tanhf is scalar and was a third of a transformer training step).
-  if constexpr (std::is_same_v<T, float>) {
-    if (detail::kHaveVectorMath && (op == UnaryOp::Tanh || op == UnaryOp::GeluTanh)) {
-      parallel_elements(n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
-        if (op == UnaryOp::Tanh)
-          detail::tanh_f32(x + lo, out + lo, hi - lo);
-        else
-          detail::gelu_tanh_f32(x + lo, out + lo, hi - lo);
-      });
-      return;
-    }
-  }
   parallel_elements(n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = from_calc<T>(math::unary<C>(op, static_cast<C>(x[i]), ca, cb));
   });
@@ -194,15 +200,13 @@ template <class T>
 void unary_backward(UnaryOp op, const T* x, const T* y, const T* gy, T* gx, int64_t n, double a, double b) {
   using C = calc_t<T>;
   const C ca = static_cast<C>(a), cb = static_cast<C>(b);
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (op == UnaryOp::Relu && x) {  // the common backward: a vectorised select
+  if constexpr (std::is_same_v<T, float>) {
+    if (detail::kHaveVectorMath && op == UnaryOp::Relu && x) {
       parallel_elements(n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * math::unary_derivative<C>(op, x[i], C(0), ca, cb);
+        detail::relu_backward_f32(x + lo, gy + lo, gx + lo, hi - lo);
       });
       return;
     }
-  }
-  if constexpr (std::is_same_v<T, float>) {
     if (detail::kHaveVectorMath && op == UnaryOp::GeluTanh && x) {
       parallel_elements(n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
         detail::gelu_tanh_backward_f32(x + lo, gy + lo, gx + lo, hi - lo);
@@ -212,6 +216,14 @@ void unary_backward(UnaryOp op, const T* x, const T* y, const T* gy, T* gx, int6
     if (op == UnaryOp::Tanh && y) {  // 1 - y^2: the same formula as math::unary_derivative, in a plain loop
       parallel_elements(n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * (1.0f - y[i] * y[i]);
+      });
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (op == UnaryOp::Relu && x) {  // the common backward (float64; float32 without vector extensions)
+      parallel_elements(n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * math::unary_derivative<C>(op, x[i], C(0), ca, cb);
       });
       return;
     }

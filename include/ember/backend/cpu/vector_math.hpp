@@ -188,13 +188,17 @@ template <int kW>
 
 // The elementwise functions of the maps below. Vectors go by reference: a function taking or
 // returning a 32-byte vector by value in code built without AVX draws GCC's -Wpsabi note.
-enum class LaneOp { Tanh, GeluTanh, GeluTanhGrad };
+enum class LaneOp { Tanh, GeluTanh, GeluTanhGrad, Relu, ReluGrad };
 inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f, kGeluCoef = 0.044715f;
 #if defined(__GNUC__)
 template <int kW, LaneOp kOp>
 [[gnu::always_inline]] inline void lane_op(const typename Lanes<kW>::V& v, typename Lanes<kW>::V& out) {
   using V = typename Lanes<kW>::V;
-  if constexpr (kOp == LaneOp::Tanh) {
+  if constexpr (kOp == LaneOp::Relu) {
+    out = v <= 0.0f ? V{} : v;  // NaN passes, -0 becomes +0: math::unary's Relu
+  } else if constexpr (kOp == LaneOp::ReluGrad) {
+    out = v <= 0.0f ? V{} : V{} + 1.0f;  // times gy in map_lanes: math::unary_derivative's Relu
+  } else if constexpr (kOp == LaneOp::Tanh) {
     tanh_vec<kW>(v, out);
   } else {
     // GELU with the tanh approximation: math::unary's GeluTanh formula (and its derivative),
@@ -305,6 +309,10 @@ inline void map_f32(const float* x, const float* gy, float* y, int64_t n) {
 #else
   map_lanes<4, kOp>(x, gy, y, n);
 #endif
+}
+inline void relu_f32(const float* x, float* y, int64_t n) { map_f32<LaneOp::Relu>(x, nullptr, y, n); }
+inline void relu_backward_f32(const float* x, const float* gy, float* gx, int64_t n) {
+  map_f32<LaneOp::ReluGrad>(x, gy, gx, n);
 }
 inline void tanh_f32(const float* x, float* y, int64_t n) { map_f32<LaneOp::Tanh>(x, nullptr, y, n); }
 inline void gelu_tanh_f32(const float* x, float* y, int64_t n) { map_f32<LaneOp::GeluTanh>(x, nullptr, y, n); }
