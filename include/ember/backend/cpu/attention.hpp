@@ -59,11 +59,11 @@ inline int64_t attention_row_end(const AttentionArgs& a, int64_t i, int64_t j0, 
   return a.causal ? std::clamp<int64_t>(i + 1 - j0, 0, cols) : cols;
 }
 
-// The row loops, kept as small functions of their own and not inlined: inlined into the kernels'
-// lambdas GCC left them scalar (perf annotate of the forward: maxss, mulss, no packed arithmetic).
+// The row loops of the kernels. fp32 takes the vector lanes of vector_math.hpp (the plain loops
+// below stay scalar under GCC's -ftrapping-math); fp64 keeps the plain loops and std::exp.
 template <class T>
-[[gnu::noinline]] T attention_row_max(const T* x, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) return row_max(x, n);  // vectorised (reduce.hpp)
+T attention_row_max(const T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return row_max(x, n);
   T mx = -std::numeric_limits<T>::infinity();
 EMBER_OMP_SIMD(reduction(max : mx))
   for (int64_t c = 0; c < n; ++c) mx = std::max(mx, x[c]);
@@ -71,8 +71,8 @@ EMBER_OMP_SIMD(reduction(max : mx))
 }
 // x[c] = exp(x[c] - sub); returns the sum.
 template <class T>
-[[gnu::noinline]] T attention_row_exp(T* x, int64_t n, T sub) {
-  if constexpr (std::is_same_v<T, float>) return exp_sub_sum(x, x, n, sub);  // vectorised (reduce.hpp)
+T attention_row_exp(T* x, int64_t n, T sub) {
+  if constexpr (std::is_same_v<T, float>) return exp_sub_sum(x, x, n, sub);
   T sum = 0;
 EMBER_OMP_SIMD(reduction(+ : sum))
   for (int64_t c = 0; c < n; ++c) {
@@ -84,7 +84,7 @@ EMBER_OMP_SIMD(reduction(+ : sum))
 }
 // ds[c] = p[c] * (ds[c] - delta)
 template <class T>
-[[gnu::noinline]] void attention_row_ds(const T* p, T* ds, int64_t n, T delta) {
+void attention_row_ds(const T* p, T* ds, int64_t n, T delta) {
 EMBER_OMP_SIMD()
   for (int64_t c = 0; c < n; ++c) ds[c] = p[c] * (ds[c] - delta);
 }
