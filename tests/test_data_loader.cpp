@@ -386,11 +386,19 @@ class CountingPretendCuda : public cpu::CpuBackend {
     uploads++;
     return cpu::CpuBackend::upload_async(dst, src, bytes);
   }
+  void* allocate_for_upload(size_t bytes) override {
+    upload_allocs++;
+    return cpu::CpuBackend::allocate_for_upload(bytes);
+  }
+  uint64_t upload_async_fresh(void* dst, const void* src, size_t bytes) override {
+    fresh_uploads++;
+    return cpu::CpuBackend::upload_async_fresh(dst, src, bytes);
+  }
   void wait_upload(uint64_t t) override {
     waits++;
     cpu::CpuBackend::wait_upload(t);
   }
-  std::atomic<int> pinned_allocs{0}, pinned_frees{0}, uploads{0}, waits{0};
+  std::atomic<int> pinned_allocs{0}, pinned_frees{0}, uploads{0}, fresh_uploads{0}, upload_allocs{0}, waits{0};
 };
 CountingPretendCuda& counting_backend() {
   static CountingPretendCuda b;
@@ -414,6 +422,7 @@ TEST_CASE("DataLoader: a CUDA device gets pinned staging (a ring allocated once)
   Run host = run_epochs(ds, {.batch_size = 4, .shuffle = true, .seed = 2, .num_workers = 2, .transform = augment()}, 2);
   CountingGpu gpu;
   CountingPretendCuda& cb = counting_backend();
+  const int64_t live_before = memory_stats(Device::cuda(0)).current_bytes;
   PhaseCounter counter;
   ListenerScope scope(&counter);
   Run dev;
@@ -432,6 +441,11 @@ TEST_CASE("DataLoader: a CUDA device gets pinned staging (a ring allocated once)
   CHECK(cb.pinned_allocs == 4);   // ring of prefetch x workers slots, each allocated once
   CHECK(cb.pinned_frees == 4);
   CHECK(cb.uploads == 2 * 8 * 2);  // two fields per batch, 8 batches per epoch, 2 epochs
+  // each into memory allocated for an upload (on CUDA in the copy stream's order), by the upload
+  // that does not wait for the compute stream's queued work
+  CHECK(cb.fresh_uploads == 2 * 8 * 2);
+  CHECK(cb.upload_allocs == 2 * 8 * 2);
+  CHECK(memory_stats(Device::cuda(0)).current_bytes == live_before);  // every batch's device memory freed
   CHECK(counter.begins[static_cast<int>(trace::Phase::HostToDevice)] == 16);
 
   // pin_memory = false: plain copies, no pinned memory.

@@ -293,6 +293,17 @@ class Backend {
   // the compute stream wait for it (an event): no host synchronisation. Returns a ticket (> 0,
   // increasing); the host must not overwrite host_src before upload_finished(ticket).
   virtual uint64_t upload_async(void* dst, const void* host_src, size_t bytes) = 0;
+  // Device memory for an upload's destination that upload_async_fresh may write without waiting
+  // for the compute stream (the data loader's batches): on CUDA a stream-ordered allocation made
+  // in the copy stream's order, whose reuse of memory freed on the compute stream the memory pool
+  // orders itself; freed by deallocate like any other. Elsewhere it is allocate.
+  virtual void* allocate_for_upload(size_t bytes) { return allocate(bytes); }
+  // upload_async into memory from allocate_for_upload: the copy does not wait for the work queued
+  // on the compute stream (the step in flight), so it overlaps it; the compute stream's later
+  // kernels still wait for the copy. Same tickets as upload_async.
+  virtual uint64_t upload_async_fresh(void* dst, const void* host_src, size_t bytes) {
+    return upload_async(dst, host_src, bytes);
+  }
   // True when that upload, and every earlier one, has finished reading its host buffer.
   virtual bool upload_finished(uint64_t ticket) = 0;
   virtual void wait_upload(uint64_t ticket) = 0;

@@ -23,9 +23,11 @@
 //
 // With a CUDA device and pin_memory, workers copy each collated batch into a pinned host buffer
 // of its slot (a ring allocated once, grown only when a batch is larger), and next() queues the
-// upload on the device's copy stream (Backend::upload_async): the step's kernels, queued after
-// it on the compute stream, wait for it by an event, and the host never synchronises. A slot's
-// pinned buffer is rewritten only after its previous upload finished.
+// upload on the device's copy stream (Backend::upload_async_fresh) into memory allocated in that
+// stream's order (allocate_for_upload), so the copy overlaps the step still running on the GPU:
+// the step's kernels, queued after it on the compute stream, wait for it by an event, and the
+// host never synchronises. A slot's pinned buffer is rewritten only after its previous upload
+// finished.
 //
 // next() records how long the training thread waited (Batch::wait_seconds, wait statistics),
 // inside trace::PhaseScope(DataWait); uploads run inside PhaseScope(HostToDevice).
@@ -430,6 +432,22 @@ class DataLoader {
 
   static size_t align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+  // An uninitialised device tensor shaped as t in memory from Backend::allocate_for_upload (on
+  // CUDA in the copy stream's order, so that the upload need not wait for the step in flight),
+  // freed as any device tensor.
+  AnyTensor upload_destination(const AnyTensor& t) const {
+    const Device dev = opt_.device;
+    const size_t bytes = t.nbytes();
+    void* p = bytes > 0 ? pinned_backend_->allocate_for_upload(bytes) : nullptr;
+    auto impl = std::make_shared<TensorImpl>();
+    impl->dtype = t.dtype();
+    impl->device = dev;
+    impl->shape = t.shape();
+    impl->storage =
+        std::make_shared<Storage>(dev, p, bytes, [dev](void* q, size_t n) { backend_for(dev).deallocate(q, n); });
+    return AnyTensor(std::move(impl));
+  }
+
   // The batch as the caller gets it: on the host, or uploaded to the device.
   Example deliver(const Loaded& r, int64_t b) {
     if (opt_.device.is_cpu()) return r.data;
@@ -440,8 +458,9 @@ class DataLoader {
       size_t off = 0;
       uint64_t ticket = 0;
       for (const auto& [name, t] : r.data.fields()) {
-        AnyTensor d = AnyTensor::empty(t.shape(), t.dtype(), opt_.device);
-        ticket = pinned_backend_->upload_async(d.data_ptr(), static_cast<const uint8_t*>(s.pinned) + off, t.nbytes());
+        AnyTensor d = upload_destination(t);
+        ticket = pinned_backend_->upload_async_fresh(d.data_ptr(), static_cast<const uint8_t*>(s.pinned) + off,
+                                                     t.nbytes());
         off += align(t.nbytes());
         out.set(name, std::move(d));
       }

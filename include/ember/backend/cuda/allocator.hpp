@@ -32,7 +32,10 @@ class DeviceAllocator {
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
-  void* allocate(size_t bytes) {
+  void* allocate(size_t bytes) { return allocate(bytes, stream_); }
+  // In the order of another stream of this device (the copy stream's upload destinations); freed
+  // on the ember stream by deallocate, as the pool allows.
+  void* allocate(size_t bytes, cudaStream_t stream) {
     if (bytes == 0) return nullptr;
     const int64_t b = static_cast<int64_t>(bytes);
     const int64_t limit = limit_.load();
@@ -49,14 +52,15 @@ class DeviceAllocator {
     cudaError_t e;
     {
       DeviceGuard guard(device_);
-      e = cudaMallocAsync(&p, bytes, stream_);
+      e = cudaMallocAsync(&p, bytes, stream);
       if (e == cudaErrorMemoryAllocation) {
         // Let the pool give its unused (possibly fragmented) memory back to the driver and retry
         // once; memory freed in stream order becomes reusable after the synchronisation.
         (void)cudaGetLastError();
         e = cudaStreamSynchronize(stream_);
+        if (e == cudaSuccess && stream != stream_) e = cudaStreamSynchronize(stream);
         if (e == cudaSuccess) e = cudaMemPoolTrimTo(pool_, 0);
-        if (e == cudaSuccess) e = cudaMallocAsync(&p, bytes, stream_);
+        if (e == cudaSuccess) e = cudaMallocAsync(&p, bytes, stream);
       }
       if (e != cudaSuccess) {
         current_.fetch_sub(b);

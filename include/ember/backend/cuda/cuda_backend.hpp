@@ -199,7 +199,17 @@ class CudaBackend final : public Backend {
   void free_pinned(void* p, size_t) noexcept override {
     if (p) (void)cudaFreeHost(p);
   }
+  void* allocate_for_upload(size_t bytes) override { return alloc_.allocate(bytes, copy_stream_); }
   uint64_t upload_async(void* dst, const void* host_src, size_t bytes) override {
+    return queue_upload(dst, host_src, bytes, true);
+  }
+  uint64_t upload_async_fresh(void* dst, const void* host_src, size_t bytes) override {
+    return queue_upload(dst, host_src, bytes, false);
+  }
+  // after_compute: dst is the compute stream's (a fresh allocation there may reuse memory its
+  // queued kernels still use), so the copy waits for that queued work; memory from
+  // allocate_for_upload is already in the copy stream's order and needs no wait.
+  uint64_t queue_upload(void* dst, const void* host_src, size_t bytes, bool after_compute) {
     Guard g(device_);
     std::lock_guard<std::mutex> lock(upload_mu_);
     retire_uploads();
@@ -212,8 +222,10 @@ class CudaBackend final : public Backend {
       EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
     }
     // copy stream after the compute stream's queued work (dst's stream-ordered allocation) ...
-    EMBER_CUDA_CHECK(cudaEventRecord(u.ready, stream_));
-    EMBER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, u.ready, 0));
+    if (after_compute) {
+      EMBER_CUDA_CHECK(cudaEventRecord(u.ready, stream_));
+      EMBER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, u.ready, 0));
+    }
     if (bytes > 0) EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, copy_stream_));
     // ... and the compute stream's later kernels after the copy.
     EMBER_CUDA_CHECK(cudaEventRecord(u.done, copy_stream_));
