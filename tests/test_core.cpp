@@ -4,8 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <thread>
+#include <atomic>
+#include <vector>
 
 #include <ember/ember.hpp>
+#include <ember/backend/cpu/allocator.hpp>
 
 using namespace ember;
 
@@ -206,6 +210,109 @@ TEST_CASE("memory statistics count bytes held and the peak", "[core][memory]") {
   CHECK(after.peak_bytes >= before.current_bytes + 4000);
   reset_peak_memory();
   CHECK(memory_stats().peak_bytes == after.current_bytes);
+}
+
+namespace {
+// Sets the CPU cache limit for a scope and restores the default (the cache is off by default
+// under AddressSanitizer; these tests turn it on explicitly).
+struct HostCacheLimit {
+  explicit HostCacheLimit(int64_t bytes) {
+    empty_cache();
+    set_cache_limit(Device::cpu(), bytes);
+  }
+  ~HostCacheLimit() {
+    empty_cache();
+    set_cache_limit(Device::cpu(), cpu::HostAllocator::kDefaultCacheLimit);
+  }
+};
+}  // namespace
+
+TEST_CASE("host cache: a freed large block is reused by the next allocation of its size class", "[core][memory]") {
+  HostCacheLimit on(int64_t{1} << 30);
+  const int64_t in_use = memory_stats().current_bytes;
+  CHECK(memory_stats().cached_bytes == 0);
+  const void* first = nullptr;
+  {
+    auto a = Tensor<float>::empty({1 << 18});  // 1 MiB
+    first = a.data_ptr();
+  }
+  // freed into the cache: not in use, not counted against a limit
+  CHECK(memory_stats().current_bytes == in_use);
+  CHECK(memory_stats().cached_bytes == int64_t{1} << 20);
+  {
+    auto b = Tensor<float>::empty({(1 << 18) - 100});  // same size class (1 MiB rounded to 128 KiB steps)
+    CHECK(b.data_ptr() == first);
+    CHECK(memory_stats().cached_bytes == 0);
+    CHECK(memory_stats().current_bytes == in_use + 4 * ((1 << 18) - 100));
+    auto c = Tensor<float>::empty({1 << 18});  // the cache is empty: a new block
+    CHECK(c.data_ptr() != first);
+  }
+  CHECK(memory_stats().cached_bytes == 2 * (int64_t{1} << 20));
+  // a limit counts live bytes only: the cached ones do not make this fail
+  set_memory_limit(Device::cpu(), in_use + (int64_t{1} << 20) + 100);
+  CHECK_NOTHROW(Tensor<float>::empty({1 << 18}));
+  set_memory_limit(Device::cpu(), -1);
+  empty_cache();
+  CHECK(memory_stats().cached_bytes == 0);
+  CHECK(memory_stats().current_bytes == in_use);
+  // small blocks stay with malloc
+  { auto s = Tensor<float>::empty({1000}); }
+  CHECK(memory_stats().cached_bytes == 0);
+}
+
+TEST_CASE("host cache: the limit bounds what is kept, 0 keeps nothing", "[core][memory]") {
+  {
+    HostCacheLimit off(0);
+    { auto a = Tensor<float>::empty({1 << 18}); }
+    CHECK(memory_stats().cached_bytes == 0);
+  }
+  {
+    HostCacheLimit small(int64_t{3} << 20);  // room for three 1 MiB blocks
+    {
+      std::vector<Tensor<float>> ts;
+      for (int i = 0; i < 5; ++i) ts.push_back(Tensor<float>::empty({1 << 18}));
+    }
+    CHECK(memory_stats().cached_bytes == int64_t{3} << 20);
+    set_cache_limit(Device::cpu(), int64_t{1} << 20);  // below the content: emptied
+    CHECK(memory_stats().cached_bytes == 0);
+  }
+}
+
+TEST_CASE("host cache: size classes waste at most an eighth, small blocks round to 64 bytes", "[core][memory]") {
+  using A = cpu::HostAllocator;
+  CHECK(A::block_size(1) == 64);
+  CHECK(A::block_size(64) == 64);
+  CHECK(A::block_size(65) == 128);
+  CHECK(A::block_size(A::kCacheMinBytes - 1) == A::kCacheMinBytes);
+  CHECK(A::block_size(A::kCacheMinBytes) == A::kCacheMinBytes);
+  CHECK(A::block_size(A::kCacheMinBytes + 1) == A::kCacheMinBytes + A::kCacheMinBytes / 8);
+  CHECK(A::block_size(size_t{1} << 20) == size_t{1} << 20);
+  for (size_t n = A::kCacheMinBytes; n < (size_t{1} << 34); n = n * 13 / 7 + 12345) {
+    const size_t b = A::block_size(n);
+    CHECK(b >= n);
+    CHECK(b - n <= n / 8);
+    CHECK(b % 64 == 0);
+  }
+}
+
+TEST_CASE("host cache: threads allocating and freeing the same sizes keep the figures exact", "[core][memory]") {
+  HostCacheLimit on(int64_t{64} << 20);
+  const int64_t in_use = memory_stats().current_bytes;
+  std::vector<std::thread> pool;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        auto a = Tensor<float>::full({(1 << 15) + 1024 * (i % 3)}, static_cast<float>(t));
+        auto b = Tensor<float>::empty({1 << 16});
+        if (a.to_vector()[100] != static_cast<float>(t)) bad++;  // no block handed to two tensors
+      }
+    });
+  for (auto& th : pool) th.join();
+  CHECK(bad == 0);
+  CHECK(memory_stats().current_bytes == in_use);
+  CHECK(memory_stats().cached_bytes > 0);
+  CHECK(memory_stats().cached_bytes <= int64_t{64} << 20);
 }
 
 TEST_CASE("a memory limit turns big allocations into OutOfMemory with the figures", "[core][memory]") {

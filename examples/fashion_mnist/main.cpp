@@ -5,7 +5,8 @@
 // on the GPU when there is one. The README's main example.
 //
 //   fashion_mnist [--device auto|cpu|cuda:N] [--epochs 5] [--batch-size 64] [--lr 0.003]
-//                 [--workers 2] [--train-subset 0] [--test-subset 0] [--augment 1] [--width 16] [--seed 0]
+//                 [--workers 2] [--train-subset 0] [--test-subset 0] [--augment 1] [--width 16] [--blocks 2]
+//                 [--seed 0]
 //                 [--precision fp32|bf16|fp16] [--log-dir runs/fashion_mnist]
 //                 [--checkpoint-dir runs/fashion_mnist/checkpoints] [--resume 1]
 //                 [--save PATH] [--load PATH] [--profile trace.json]
@@ -20,7 +21,8 @@
 // trace. --save writes the trained weights (safetensors); --load starts from such a file
 // (--epochs 0: only evaluates it).
 //
-// Model: conv3x3(c) BN ReLU maxpool -> conv3x3(2c) BN ReLU maxpool -> linear(49*2c -> 10);
+// Model: conv3x3(c) BN ReLU maxpool -> conv3x3(2c) BN ReLU maxpool -> linear(49*2c -> 10); with
+// --blocks 3 a third block conv3x3(4c) BN ReLU maxpool (7x7 -> 3x3) before linear(9*4c -> 10);
 // Adam with a one-cycle learning rate stepped every step, cross-entropy. The test set serves as
 // the validation set (Fashion-MNIST has no other; no choice is made on it but the best checkpoint).
 #include <chrono>
@@ -41,7 +43,8 @@ using namespace ember;
 
 namespace {
 
-std::shared_ptr<nn::Sequential> make_model(int64_t c) {
+std::shared_ptr<nn::Sequential> make_model(int64_t c, int64_t blocks) {
+  EMBER_CHECK(blocks == 2 || blocks == 3, ValueError, "fashion_mnist: --blocks must be 2 or 3, got ", blocks);
   auto m = std::make_shared<nn::Sequential>();
   auto block = [&](int64_t in, int64_t out) {
     m->emplace<nn::Conv2d>(in, out, 3, nn::Conv2dOptions{.padding = {1, 1}, .bias = false});
@@ -52,8 +55,12 @@ std::shared_ptr<nn::Sequential> make_model(int64_t c) {
   m->emplace<nn::MaxPool2d>(2);  // 28 -> 14
   block(c, 2 * c);
   m->emplace<nn::MaxPool2d>(2);  // 14 -> 7
+  if (blocks == 3) {
+    block(2 * c, 4 * c);
+    m->emplace<nn::MaxPool2d>(2);  // 7 -> 3
+  }
   m->emplace<nn::Flatten>();
-  m->emplace<nn::Linear>(2 * c * 7 * 7, 10);
+  m->emplace<nn::Linear>(blocks == 3 ? 4 * c * 3 * 3 : 2 * c * 7 * 7, 10);
   return m;
 }
 
@@ -86,7 +93,7 @@ int main(int argc, char** argv) try {
   const auto start = std::chrono::steady_clock::now();
   examples::Args args(argc, argv, examples::with_observe_flags(
                       {{"device", "auto"}, {"epochs", "5"}, {"batch-size", "64"}, {"lr", "0.003"}, {"workers", "2"},
-                       {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"seed", "0"},
+                       {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"blocks", "2"}, {"seed", "0"},
                        {"precision", "fp32"}, {"log-dir", "runs/fashion_mnist"},
                        {"checkpoint-dir", "runs/fashion_mnist/checkpoints"}, {"resume", "1"}, {"load", ""}}));
   const Device dev = args.device();
@@ -116,7 +123,7 @@ int main(int argc, char** argv) try {
                                           .transform = data::Compose({data::ToFloat{}, normalize})});
 
   manual_seed(seed);
-  auto model = make_model(args.integer("width"));
+  auto model = make_model(args.integer("width"), args.integer("blocks"));
   if (!args.str("load").empty()) model->load(args.str("load"));
   model->to(dev);
   optim::Adam opt(model->parameters(), {.lr = args.real("lr")});

@@ -28,6 +28,7 @@ struct MemoryStats {
   int64_t peak_bytes = 0;        // maximum of current_bytes since the last reset_peak
   int64_t num_allocations = 0;   // allocations served since start
   int64_t limit_bytes = -1;      // allocations beyond this throw OutOfMemory; -1: no limit
+  int64_t cached_bytes = 0;      // freed memory kept for reuse, not in use (see empty_cache)
 };
 
 enum class UnaryOp : uint8_t {
@@ -183,6 +184,11 @@ class Backend {
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak_memory() = 0;
   virtual void set_memory_limit(int64_t bytes) = 0;  // -1 removes the limit
+  // Freed memory the allocator keeps for reuse (the CPU's cache of large blocks, CUDA's memory
+  // pool): empty_cache returns it to the system; set_cache_limit bounds it (0: keep none; on CUDA
+  // the pool's release threshold, applied at synchronisations; -1: no bound on CUDA).
+  virtual void empty_cache() {}
+  virtual void set_cache_limit(int64_t bytes) { (void)bytes; }
   virtual void synchronize() = 0;
 
   // Copies within this device, and between this device and host memory.
@@ -385,6 +391,8 @@ inline Backend& backend_for(Device d) {
 inline MemoryStats memory_stats(Device d = Device::cpu()) { return backend_for(d).memory_stats(); }
 inline void reset_peak_memory(Device d = Device::cpu()) { backend_for(d).reset_peak_memory(); }
 inline void set_memory_limit(Device d, int64_t bytes) { backend_for(d).set_memory_limit(bytes); }
+inline void empty_cache(Device d = Device::cpu()) { backend_for(d).empty_cache(); }
+inline void set_cache_limit(Device d, int64_t bytes) { backend_for(d).set_cache_limit(bytes); }
 inline void synchronize(Device d) { backend_for(d).synchronize(); }
 
 }  // namespace ember

@@ -368,6 +368,9 @@ struct ThreadBuffer {
     return id;
   }
   uint32_t intern_shapes(const trace::OpInput* in, int n) {
+    // The trace hooks pass at most kMaxOpInputs; saying so here also lets GCC see the copies
+    // below stay inside ShapeSet's arrays (it warned -Wstringop-overflow at -O3).
+    n = std::clamp(n, 0, trace::kMaxOpInputs);
     uint64_t h = 1469598103934665603ULL ^ static_cast<uint64_t>(n);
     for (int i = 0; i < n; ++i) {
       h = (h ^ static_cast<uint64_t>(in[i].dtype)) * 1099511628211ULL;

@@ -95,6 +95,8 @@ class DeviceAllocator {
     s.peak_bytes = peak_.load();
     s.num_allocations = num_allocations_.load();
     s.limit_bytes = limit_.load();
+    const int64_t reserved = reserved_bytes();
+    s.cached_bytes = reserved > s.current_bytes ? reserved - s.current_bytes : 0;
     return s;
   }
   void reset_peak() { peak_.store(current_.load()); }
@@ -111,6 +113,19 @@ class DeviceAllocator {
   }
 
   cudaMemPool_t pool() const { return pool_; }
+
+  // Gives the pool's unused memory back to the driver once the work queued so far has finished.
+  void empty_cache() {
+    DeviceGuard guard(device_);
+    EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    EMBER_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+  }
+  // The pool keeps at most `bytes` of unused memory past a synchronisation (-1: all of it).
+  void set_cache_limit(int64_t bytes) {
+    DeviceGuard guard(device_);
+    uint64_t threshold = bytes < 0 ? UINT64_MAX : static_cast<uint64_t>(bytes);
+    EMBER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
 
  private:
   OutOfMemory out_of_memory(int64_t requested, int64_t in_use, int64_t limit) const {

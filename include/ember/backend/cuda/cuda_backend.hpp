@@ -143,6 +143,8 @@ class CudaBackend final : public Backend {
   MemoryStats memory_stats() const override { return alloc_.stats(); }
   void reset_peak_memory() override { alloc_.reset_peak(); }
   void set_memory_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
+  void empty_cache() override { alloc_.empty_cache(); }
+  void set_cache_limit(int64_t bytes) override { alloc_.set_cache_limit(bytes); }
   void synchronize() override {
     Guard g(device_);
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
