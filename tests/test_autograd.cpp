@@ -33,6 +33,49 @@ TEST_CASE("gradients accumulate across backward calls until zero_grad", "[autogr
   CHECK(x.grad().to_vector() == std::vector<double>{5, 5});
 }
 
+TEST_CASE("a leaf takes a gradient nothing else holds; shared ones are copied", "[autograd]") {
+  // The caller's gradient goes to the leaf directly (y = x): it must be copied, so that changing
+  // it afterwards leaves .grad alone.
+  auto x = Tensor<double>::from_vector({1, 2, 3}).set_requires_grad();
+  auto gy = Tensor<double>::from_vector({1, 1, 1});
+  x.reshape({3}).backward(gy);
+  gy.copy_(Tensor<double>::full({3}, 7.0));
+  CHECK(x.grad().to_vector() == std::vector<double>{1, 1, 1});
+
+  // add's backward hands one tensor to both leaves: at most one of them may keep it.
+  auto a = Tensor<double>::from_vector({1, 2}).set_requires_grad();
+  auto b = Tensor<double>::from_vector({3, 4}).set_requires_grad();
+  sum(a + b).backward();
+  CHECK(a.grad().data_ptr() != b.grad().data_ptr());
+  a.grad().copy_(Tensor<double>::full({2}, 5.0));
+  CHECK(b.grad().to_vector() == std::vector<double>{1, 1});
+
+  // A fresh gradient (x * 3's backward output) is taken, not copied: one allocation in the
+  // backward pass (the product of the gradient and 3), none for the leaf's .grad.
+  auto w = Tensor<float>::from_vector(std::vector<float>(1 << 16, 1.0f), {1 << 16}).set_requires_grad();
+  auto g = Tensor<float>::full({1 << 16}, 2.0);
+  auto y = w * 3.0f;
+  const int64_t before = memory_stats().num_allocations;
+  y.backward(g);
+  CHECK(memory_stats().num_allocations - before == 1);
+  CHECK(w.grad().to_vector() == std::vector<float>(1 << 16, 6.0f));
+}
+
+TEST_CASE("gradients meeting at one tensor are summed correctly when added in place", "[autograd]") {
+  // x reaches y by three paths, one of them a view (reshape): the buffer that collects them is
+  // added into in place only when nothing else shares it.
+  auto x = Tensor<double>::from_vector({1, 2, 3, 4}).set_requires_grad();
+  auto r = x.reshape({2, 2}).reshape({4});
+  auto y = sum(x * 2.0 + x * x + r * 10.0 + r);
+  y.backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{15, 17, 19, 21});  // 2 + 2x + 11
+  // a tensor used twice in one op (its two gradients are one tensor)
+  auto z = Tensor<double>::from_vector({1, -2}).set_requires_grad();
+  auto t = z * 1.0;
+  sum(t + t + t).backward();
+  CHECK(z.grad().to_vector() == std::vector<double>{3, 3});
+}
+
 TEST_CASE("a gradient destination receives a leaf's first gradient, later ones accumulate there", "[autograd]") {
   auto x = Tensor<double>::from_vector({1, -1}).set_requires_grad();
   auto buffer = Tensor<double>::full({5}, 7.0);  // the destination is a slice of a larger buffer

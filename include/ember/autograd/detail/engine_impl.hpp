@@ -28,6 +28,15 @@ inline void add_into(const AnyTensor& acc, const AnyTensor& g) {
                        same_shape_args(acc.shape()));
 }
 
+// True when t is the only handle on its memory: no other tensor, view, saved input or caller
+// shares its storage, and it is not part of a graph. Such a gradient may be taken or added into
+// in place instead of copied.
+inline bool sole_owner(const AnyTensor& t) {
+  const std::shared_ptr<TensorImpl>& impl = t.impl_ptr();
+  return impl && impl.use_count() == 1 && impl->storage && impl->storage.use_count() == 1 && impl->offset == 0 &&
+         impl->storage->bytes() == impl->nbytes() && !impl->requires_grad && !impl->grad_fn;
+}
+
 inline void check_gradient(const Node& node, size_t i, const AnyTensor& g) {
   const OutputMeta& m = node.inputs[i];
   EMBER_CHECK(g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device, AutogradError,
@@ -69,17 +78,21 @@ inline void queue_callback(std::function<void()> fn) {
 }
 
 inline std::vector<AnyTensor> AccumulateGrad::apply(std::vector<AnyTensor>&& grad_outputs) {
-  AnyTensor g = grad_outputs.at(0);
+  AnyTensor g = std::move(grad_outputs.at(0));
   if (!g.defined()) return {};
   NoGradGuard no_grad;
   if (!leaf_->grad) {
-    // Copy rather than alias: the incoming gradient may share storage with another leaf's.
+    // Copy rather than alias when the incoming gradient may share storage with another tensor
+    // (another leaf's gradient, the caller's); a gradient nothing else holds is taken as it is,
+    // as PyTorch does, which saves a pass over it (the gradient of a large input).
     AnyTensor dst = leaf_->grad_destination ? leaf_->grad_destination() : AnyTensor();
     if (dst.defined()) {
       EMBER_CHECK(dst.shape() == g.shape() && dst.dtype() == g.dtype() && dst.device() == g.device(), AutogradError,
                   "the gradient destination ", dst.desc(), " of a leaf does not fit its gradient ", g.desc());
       dst.copy_(g);
       leaf_->grad = dst.impl_ptr();
+    } else if (detail::sole_owner(g)) {
+      leaf_->grad = g.detach().impl_ptr();
     } else {
       leaf_->grad = g.detach().clone().impl_ptr();
     }
@@ -119,6 +132,8 @@ inline void backward(const std::vector<AnyTensor>& roots, const std::vector<AnyT
     AnyTensor& dst = buf[static_cast<size_t>(slot)];
     if (!dst.defined()) {
       dst = g;
+    } else if (detail::sole_owner(dst) && dst.shape() == g.shape() && dst.dtype() == g.dtype()) {
+      detail::add_into(dst, g);  // nothing else sees dst: add in place (residual connections)
     } else {
       AnyTensor sum = dst.clone();  // never add in place into a tensor another node may own
       detail::add_into(sum, g);
