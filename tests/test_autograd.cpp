@@ -33,7 +33,7 @@ TEST_CASE("gradients accumulate across backward calls until zero_grad", "[autogr
   CHECK(x.grad().to_vector() == std::vector<double>{5, 5});
 }
 
-TEST_CASE("a leaf takes a gradient nothing else holds; shared ones are copied", "[autograd]") {
+TEST_CASE("a leaf takes a gradient nothing else holds and copies one that is shared", "[autograd]") {
   // The caller's gradient goes to the leaf directly (y = x): it must be copied, so that changing
   // it afterwards leaves .grad alone.
   auto x = Tensor<double>::from_vector({1, 2, 3}).set_requires_grad();
