@@ -1345,3 +1345,205 @@ TEST_CASE("parity: fused Adam / AdamW step, CPU versus CUDA", "[optim][adam][fus
     }
   }
 }
+
+// ---------------------------------------------------------------- fused SGD and RMSprop steps
+namespace {
+
+// Runs `steps` steps of the optimizer `make(p)` returns (set_fused(fused)) from one start on
+// `device` and returns the parameter and every state tensor after each step. The gradients vary in
+// scale, one is zero; `between(opt, s)` may change the options before step s.
+template <class Make, class Between>
+std::vector<std::vector<double>> fused_trajectory(bool fused, DType pdt, DType gdt, Make make, Between between,
+                                                  int steps = 4, Device device = Device::cpu()) {
+  Generator gen(91);
+  AnyTensor p = Tensor<double>::randn({37, 11}, Device::cpu(), 0.0, 1.0, gen).to(pdt).to(device).detach().clone();
+  p.set_requires_grad(true);
+  auto opt = make(p);
+  opt->set_fused(fused);
+  std::vector<std::vector<double>> out;
+  for (int s = 0; s < steps; ++s) {
+    AnyTensor g = Tensor<double>::randn({37, 11}, Device::cpu(), 0.0, s == 1 ? 1e-3 : 2.0, gen).to(gdt);
+    if (s == 2) g = op::mul(g, 0.0);
+    between(*opt, s);
+    p.set_grad(g.to(device));
+    opt->step();
+    out.push_back(p.to(Device::cpu()).to_double_vector());
+    const auto sd = opt->state_dict();
+    if (auto it = sd.state.find(0); it != sd.state.end())
+      for (const auto& [name, t] : it->second) {
+        std::vector<double> v = t.to(Device::cpu()).to_double_vector();
+        v.insert(v.begin(), static_cast<double>(std::hash<std::string>{}(name) % 1000));  // the name counts too
+        out.push_back(std::move(v));
+      }
+  }
+  return out;
+}
+
+const std::pair<DType, DType> kFusedDtypes[] = {{DType::Float64, DType::Float64},
+                                                {DType::Float32, DType::Float32},
+                                                {DType::Float16, DType::Float16},
+                                                {DType::BFloat16, DType::Float32}};
+
+void require_same_trajectories(const std::vector<std::vector<double>>& f, const std::vector<std::vector<double>>& r) {
+  REQUIRE(f.size() == r.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    INFO("vector " << i);
+    size_t bad = 0;
+    while (bad < std::min(f[i].size(), r[i].size()) && f[i][bad] == r[i][bad]) ++bad;
+    INFO("first difference at " << bad << ": " << (bad < f[i].size() ? f[i][bad] : -1.0) << " vs "
+                                 << (bad < r[i].size() ? r[i][bad] : -1.0));
+    REQUIRE(f[i] == r[i]);  // bitwise: the same operations in the same order (no FMA at x86-64's baseline)
+  }
+}
+
+auto no_change = [](auto&, int) {};
+
+// A pretend cuda:0 that counts the fused steps it runs (active only without a real GPU).
+class CountingStepBackend : public testing::PretendCudaBackend {
+ public:
+  int sgd = 0, rmsprop = 0;
+  void sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* buf) override {
+    ++sgd;
+    PretendCudaBackend::sgd_step(a, param, grad, buf);
+  }
+  void rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* sq, void* ga, void* buf) override {
+    ++rmsprop;
+    PretendCudaBackend::rmsprop_step(a, param, grad, sq, ga, buf);
+  }
+};
+CountingStepBackend& counting_step_backend() {
+  static CountingStepBackend b;
+  return b;
+}
+struct CountingStepGpu {
+  Backend* (*saved_factory)(int) = nullptr;
+  int saved_count = 0;
+  CountingStepGpu() {
+    saved_factory = detail::cuda_backend_factory();
+    saved_count = detail::cuda_device_count_slot();
+    register_cuda_backend([](int) -> Backend* { return &counting_step_backend(); }, 1);
+  }
+  ~CountingStepGpu() { register_cuda_backend(saved_factory, saved_count); }
+};
+
+}  // namespace
+
+TEST_CASE("fused SGD step equals the composite: momentum, dampening, Nesterov, weight decay, maximize, dtypes",
+          "[optim][sgd][fused]") {
+  const optim::SGDOptions cases[] = {
+      {.lr = 0.1},
+      {.lr = 0.1, .momentum = 0.9},
+      {.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01},
+      {.lr = 0.05, .momentum = 0.8, .weight_decay = 0.2, .nesterov = true, .maximize = true},
+      {.lr = 0.3, .weight_decay = 0.1, .maximize = true},
+      {.lr = 0.01, .momentum = 0.5, .dampening = 0.5},
+  };
+  for (const optim::SGDOptions& o : cases) {
+    for (const auto& [pdt, gdt] : kFusedDtypes) {
+      INFO("SGD momentum " << o.momentum.value_or(0) << " param " << dtype_name(pdt) << " grad " << dtype_name(gdt));
+      auto make = [&](AnyTensor& p) { return std::make_unique<optim::SGD>(std::vector<AnyTensor>{p}, o); };
+      require_same_trajectories(fused_trajectory(true, pdt, gdt, make, no_change),
+                                fused_trajectory(false, pdt, gdt, make, no_change));
+    }
+  }
+  // Momentum switched on after two steps (a scheduler cycling it): the buffer starts from g then.
+  auto make = [](AnyTensor& p) { return std::make_unique<optim::SGD>(std::vector<AnyTensor>{p}, optim::SGDOptions{.lr = 0.1}); };
+  auto later = [](optim::SGD& opt, int s) {
+    if (s == 2) opt.param_groups()[0]["momentum"] = 0.9;
+  };
+  require_same_trajectories(fused_trajectory(true, DType::Float32, DType::Float32, make, later),
+                            fused_trajectory(false, DType::Float32, DType::Float32, make, later));
+}
+
+TEST_CASE("fused RMSprop step equals the composite: centered, momentum, weight decay, maximize, dtypes",
+          "[optim][rmsprop][fused]") {
+  const optim::RMSpropOptions cases[] = {
+      {},
+      {.centered = true},
+      {.momentum = 0.9},
+      {.lr = 0.05, .weight_decay = 0.1, .momentum = 0.5, .centered = true, .maximize = true},
+      {.alpha = 0.3, .centered = true},  // lerp weight 1 - alpha = 0.7: the other branch
+      {.lr = 0.001, .alpha = 0.9, .eps = 1e-3},
+  };
+  for (const optim::RMSpropOptions& o : cases) {
+    for (const auto& [pdt, gdt] : kFusedDtypes) {
+      INFO("RMSprop centered " << o.centered.value_or(false) << " momentum " << o.momentum.value_or(0) << " param "
+                               << dtype_name(pdt) << " grad " << dtype_name(gdt));
+      auto make = [&](AnyTensor& p) { return std::make_unique<optim::RMSprop>(std::vector<AnyTensor>{p}, o); };
+      require_same_trajectories(fused_trajectory(true, pdt, gdt, make, no_change),
+                                fused_trajectory(false, pdt, gdt, make, no_change));
+    }
+  }
+  // Momentum and centering switched on later: their buffers are created then, as zeros.
+  auto make = [](AnyTensor& p) { return std::make_unique<optim::RMSprop>(std::vector<AnyTensor>{p}); };
+  auto later = [](optim::RMSprop& opt, int s) {
+    if (s == 1) opt.param_groups()[0]["momentum"] = 0.9;
+    if (s == 2) opt.param_groups()[0]["centered"] = 1.0;
+  };
+  require_same_trajectories(fused_trajectory(true, DType::Float32, DType::Float32, make, later),
+                            fused_trajectory(false, DType::Float32, DType::Float32, make, later));
+}
+
+TEST_CASE("fused SGD / RMSprop: the kernel is what runs, once per parameter and step, on the parameter's device",
+          "[optim][sgd][rmsprop][fused][device]") {
+  if (cuda::is_available()) {
+    std::cout << "SKIPPED: a real GPU is present (the counting pretend device needs none; the parity test runs)\n";
+    return;
+  }
+  CountingStepGpu counting;
+  CountingStepBackend& b = counting_step_backend();
+  b.sgd = b.rmsprop = 0;
+  auto sgd = [](AnyTensor& p) {
+    return std::make_unique<optim::SGD>(std::vector<AnyTensor>{p}, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  };
+  auto rms = [](AnyTensor& p) {
+    return std::make_unique<optim::RMSprop>(std::vector<AnyTensor>{p}, optim::RMSpropOptions{.centered = true});
+  };
+  const auto sgd_dev = fused_trajectory(true, DType::Float32, DType::Float32, sgd, no_change, 4, Device::cuda(0));
+  const auto rms_dev = fused_trajectory(true, DType::Float32, DType::Float32, rms, no_change, 4, Device::cuda(0));
+  CHECK(b.sgd == 4);
+  CHECK(b.rmsprop == 4);
+  require_same_trajectories(sgd_dev, fused_trajectory(false, DType::Float32, DType::Float32, sgd, no_change));
+  require_same_trajectories(rms_dev, fused_trajectory(false, DType::Float32, DType::Float32, rms, no_change));
+  // set_fused(false) takes the composite: no kernel call.
+  fused_trajectory(false, DType::Float32, DType::Float32, sgd, no_change, 2, Device::cuda(0));
+  fused_trajectory(false, DType::Float32, DType::Float32, rms, no_change, 2, Device::cuda(0));
+  CHECK(b.sgd == 4);
+  CHECK(b.rmsprop == 4);
+}
+
+TEST_CASE("fused SGD / RMSprop steps reject integer parameters and non-float state with the op's name",
+          "[optim][fused][errors]") {
+  cpu::CpuBackend cpu;
+  float p[4] = {}, g[4] = {}, s[4] = {};
+  SgdStepArgs sa;
+  sa.n = 4;
+  sa.param_dtype = DType::Int32;
+  REQUIRE_THROWS_WITH(cpu.sgd_step(sa, p, g, nullptr),
+                      Contains("sgd_step: floating parameters and gradients only, got int32 and float32"));
+  RmspropStepArgs ra;
+  ra.n = 4;
+  ra.state_dtype = DType::Float16;
+  REQUIRE_THROWS_WITH(cpu.rmsprop_step(ra, p, g, s, nullptr, nullptr),
+                      Contains("rmsprop_step: the state is float32 or float64, got float16"));
+}
+
+TEST_CASE("parity: fused SGD and RMSprop steps, CPU versus CUDA", "[optim][sgd][rmsprop][fused][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  auto sgd = [](AnyTensor& p) {
+    return std::make_unique<optim::SGD>(std::vector<AnyTensor>{p},
+                                        optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+  };
+  auto rms = [](AnyTensor& p) {
+    return std::make_unique<optim::RMSprop>(
+        std::vector<AnyTensor>{p}, optim::RMSpropOptions{.weight_decay = 0.05, .momentum = 0.5, .centered = true});
+  };
+  for (const auto& [pdt, gdt] : kFusedDtypes) {
+    INFO(dtype_name(pdt) << " / " << dtype_name(gdt));
+    // the same rounded operations in the same order
+    REQUIRE(fused_trajectory(true, pdt, gdt, sgd, no_change, 3, Device::cuda(0)) ==
+            fused_trajectory(true, pdt, gdt, sgd, no_change, 3));
+    REQUIRE(fused_trajectory(true, pdt, gdt, rms, no_change, 3, Device::cuda(0)) ==
+            fused_trajectory(true, pdt, gdt, rms, no_change, 3));
+  }
+}

@@ -165,6 +165,24 @@ struct AdamStepArgs {
   double bias_correction2_sqrt = 1.0;  // sqrt(1 - beta2^step)
 };
 
+// One SGD step (optim/sgd.hpp's update): momentum_buffer is null when momentum == 0, and on the
+// first step with momentum (`first_step`) it is written with g rather than read.
+struct SgdStepArgs {
+  DType param_dtype = DType::Float32, grad_dtype = DType::Float32, state_dtype = DType::Float32;
+  int64_t n = 0;
+  double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false, maximize = false, first_step = false;
+};
+
+// One RMSprop step (optim/rmsprop.hpp's update): grad_avg is null unless centered,
+// momentum_buffer null unless momentum > 0.
+struct RmspropStepArgs {
+  DType param_dtype = DType::Float32, grad_dtype = DType::Float32, state_dtype = DType::Float32;
+  int64_t n = 0;
+  double lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
+  bool centered = false, maximize = false;
+};
+
 struct AttentionArgs {
   DType dtype = DType::Float32;
   int64_t bh = 0, L = 0, S = 0, D = 0, Dv = 0;
@@ -262,6 +280,11 @@ class Backend {
   // Fused Adam / AdamW step (AdamStepArgs); max_exp_avg_sq is null without amsgrad.
   virtual void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
                          void* max_exp_avg_sq) = 0;
+  // Fused SGD step (SgdStepArgs) and RMSprop step (RmspropStepArgs): one pass over the parameter,
+  // its gradient and the buffers, the composite's operations in its order.
+  virtual void sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* momentum_buffer) = 0;
+  virtual void rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* square_avg,
+                            void* grad_avg, void* momentum_buffer) = 0;
 
   // index_select on the middle axis of [outer, src_n, inner]: out[o, j, i] = x[o, idx[j], i].
   // Indices are int64 and already validated.

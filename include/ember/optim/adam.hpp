@@ -68,7 +68,7 @@ class AdamBase : public Optimizer {
         const double step_size = lr / bias_correction1;
         const double bias_correction2_sqrt = std::sqrt(bias_correction2);
 
-        if (fused_ && fused_applies(p, grad, exp_avg, exp_avg_sq, amsgrad ? max_sq : nullptr)) {
+        if (fused_ && fused_step_applies(p, grad, {&exp_avg, &exp_avg_sq, amsgrad ? max_sq : nullptr})) {
           // One pass over p, grad and the moments (Backend::adam_step), the composite's operations
           // in its order: the same values (bitwise on the CPU without FMA contraction).
           const AdamStepArgs a{p.dtype(), grad.dtype(), sd, p.numel(), lr, beta1, beta2, eps, weight_decay,
@@ -129,18 +129,6 @@ class AdamBase : public Optimizer {
   }
 
  private:
-  // The kernel takes a floating parameter with its gradient and state on its device, all of one
-  // size; anything else (a gradient on another device, say) keeps the composite and its errors.
-  static bool fused_applies(const AnyTensor& p, const AnyTensor& grad, const AnyTensor& m, const AnyTensor& v,
-                            const AnyTensor* vmax) {
-    if (!is_floating(p.dtype()) || !is_floating(grad.dtype())) return false;
-    for (const AnyTensor* t : {&grad, &m, &v, vmax}) {
-      if (t == nullptr) continue;
-      if (t->device() != p.device() || t->numel() != p.numel()) return false;
-    }
-    return m.dtype() == state_dtype(p.dtype()) && v.dtype() == m.dtype() && (!vmax || vmax->dtype() == m.dtype());
-  }
-
   static Hyperparams resolve(Hyperparams h, const AdamOptions& o) {
     put(h, "lr", o.lr);
     put(h, "beta1", o.beta1);

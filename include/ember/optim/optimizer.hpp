@@ -20,6 +20,7 @@
 //   snapshot (copies): a checkpoint is what a state dict is for, and later steps must not change it.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -140,6 +141,21 @@ inline AnyTensor copy_of(const AnyTensor& t) {
   AnyTensor out = AnyTensor::empty(t.shape(), t.dtype(), t.device());
   out.copy_(t);
   return out;
+}
+
+// Whether a fused step kernel (Backend::adam_step, sgd_step, rmsprop_step) takes a parameter: a
+// floating parameter with its gradient and its state tensors (null ones skipped) on its device, all
+// of its size, the state of state_dtype(p). Anything else (a gradient on another device, say) keeps
+// the optimizer's composite and its errors.
+inline bool fused_step_applies(const AnyTensor& p, const AnyTensor& grad,
+                               std::initializer_list<const AnyTensor*> state) {
+  if (!is_floating(p.dtype()) || !is_floating(grad.dtype())) return false;
+  if (grad.device() != p.device() || grad.numel() != p.numel()) return false;
+  for (const AnyTensor* t : state) {
+    if (t == nullptr) continue;
+    if (t->device() != p.device() || t->numel() != p.numel() || t->dtype() != state_dtype(p.dtype())) return false;
+  }
+  return true;
 }
 
 // The "step" counter: a float32 scalar on the CPU, as torch keeps it.

@@ -12,7 +12,8 @@
 //   else:          p = p - lr * g / avg
 // State: "step" (float32 CPU scalar), "square_avg", "momentum_buffer" (momentum > 0),
 // "grad_avg" (centered). A buffer is created when first needed, so turning momentum on later (a
-// OneCycleLR cycling it) works.
+// OneCycleLR cycling it) works. The step runs as one fused kernel per parameter
+// (Backend::rmsprop_step) unless set_fused(false).
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::optim {
@@ -64,7 +65,20 @@ class RMSprop : public Optimizer {
         detail::increment_step(*find_state(st, "step"));
         AnyTensor& square_avg = *find_state(st, "square_avg");
 
-        // A fused kernel (one pass over p, grad and the buffers) would replace this sequence of ops.
+        AnyTensor* grad_avg_state = centered ? find_state(st, "grad_avg") : nullptr;
+        AnyTensor* buf_state = momentum > 0.0 ? find_state(st, "momentum_buffer") : nullptr;
+        if (fused_ && detail::fused_step_applies(p, grad, {&square_avg, grad_avg_state, buf_state})) {
+          // One pass over p, grad and the buffers (Backend::rmsprop_step), the composite's
+          // operations in its order: the same values (bitwise on the CPU without FMA contraction).
+          const RmspropStepArgs a{p.dtype(), grad.dtype(), sd,       p.numel(), lr, alpha, eps, weight_decay,
+                                  momentum,  centered,     maximize};
+          if (a.n > 0)
+            p.backend().rmsprop_step(a, p.data_ptr(), grad.data_ptr(), square_avg.data_ptr(),
+                                     grad_avg_state ? grad_avg_state->data_ptr() : nullptr,
+                                     buf_state ? buf_state->data_ptr() : nullptr);
+          continue;
+        }
+        // The composite (set_fused(false), or tensors the kernel does not take).
         const AnyTensor param = detail::value_as(p, sd);
         AnyTensor g = detail::value_as(grad, sd);
         if (maximize) g = op::neg(g);
@@ -89,6 +103,11 @@ class RMSprop : public Optimizer {
       }
     }
   }
+
+  // The fused step (default on): one kernel per parameter instead of 6-12 elementwise ops.
+  // set_fused(false) takes the composite, the reference the kernel is tested against.
+  void set_fused(bool on) { fused_ = on; }
+  bool fused() const { return fused_; }
 
   static Hyperparams torch_defaults() {
     return {{"lr", 1e-2},      {"alpha", 0.99},   {"eps", 1e-8},     {"weight_decay", 0.0},
@@ -115,6 +134,8 @@ class RMSprop : public Optimizer {
     put(h, "maximize", o.maximize);
     return h;
   }
+
+  bool fused_ = true;
 };
 
 }  // namespace ember::optim

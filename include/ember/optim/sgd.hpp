@@ -10,6 +10,7 @@
 //     g = nesterov ? g + momentum * buf : buf
 //   p = p - lr * g
 // State: "momentum_buffer" (only when momentum != 0); SGD keeps no step count.
+// The step runs as one fused kernel per parameter (Backend::sgd_step) unless set_fused(false).
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::optim {
@@ -47,8 +48,25 @@ class SGD : public Optimizer {
       for (AnyTensor& p : group.params) {
         const AnyTensor grad = grad_of(p);
         if (!grad.defined()) continue;
-        // A fused kernel (one pass over p, grad and buf) would replace this sequence of ops.
         const DType sd = detail::state_dtype(p.dtype());
+        if (fused_) {
+          AnyTensor* buf = momentum != 0.0 ? find_state(state_for(p), "momentum_buffer") : nullptr;
+          if (detail::fused_step_applies(p, grad, {buf})) {
+            // One pass over p, grad and the buffer (Backend::sgd_step), the composite's operations
+            // in its order: the same values (bitwise on the CPU without FMA contraction).
+            const bool first = momentum != 0.0 && buf == nullptr;
+            if (first) {
+              ParamState& st = state_for(p);
+              st.emplace_back("momentum_buffer", AnyTensor::empty(p.shape(), sd, p.device()));
+              buf = &st.back().second;
+            }
+            const SgdStepArgs a{p.dtype(), grad.dtype(), sd, p.numel(), lr, momentum, dampening, weight_decay,
+                                nesterov, maximize, first};
+            if (a.n > 0) p.backend().sgd_step(a, p.data_ptr(), grad.data_ptr(), buf ? buf->data_ptr() : nullptr);
+            continue;
+          }
+        }
+        // The composite (set_fused(false), or tensors the kernel does not take).
         const AnyTensor param = detail::value_as(p, sd);
         AnyTensor g = detail::value_as(grad, sd);
         if (maximize) g = op::neg(g);
@@ -68,6 +86,11 @@ class SGD : public Optimizer {
       }
     }
   }
+
+  // The fused step (default on): one kernel per parameter instead of 3-7 elementwise ops.
+  // set_fused(false) takes the composite, the reference the kernel is tested against.
+  void set_fused(bool on) { fused_ = on; }
+  bool fused() const { return fused_; }
 
   static Hyperparams torch_defaults() {
     return {{"lr", 1e-3}, {"momentum", 0.0}, {"dampening", 0.0}, {"weight_decay", 0.0},
@@ -94,6 +117,8 @@ class SGD : public Optimizer {
     put(h, "maximize", o.maximize);
     return h;
   }
+
+  bool fused_ = true;
 };
 
 }  // namespace ember::optim

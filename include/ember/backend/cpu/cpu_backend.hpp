@@ -29,27 +29,35 @@ void dispatch_attention(DType t, const char* op, F&& f) {
 
 class CpuBackend : public Backend {
  public:
-  // adam_step for the state type S: dispatches the parameter's and the gradient's dtypes. (The
-  // dtype test sits in adam_step_typed: written inside the nested generic lambdas, GCC 12
-  // evaluated std::is_floating_point_v<compute_t<P>> as false for P = double.)
-  template <class S>
-  static void adam_step_as(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                           void* max_exp_avg_sq) {
-    dispatch_dtype(a.param_dtype, [&](auto ptag) {
-      dispatch_dtype(a.grad_dtype, [&](auto gtag) {
-        adam_step_typed<S, decltype(ptag), decltype(gtag)>(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
+  // A fused optimizer step (`op`: adam_step, sgd_step, rmsprop_step): dispatches the state type
+  // (float32 or float64) and the parameter's and the gradient's dtypes, then calls
+  // kernel.template operator()<P, G, S>(). (The dtype test sits in optim_step_typed: written inside
+  // the nested generic lambdas, GCC 12 evaluated std::is_floating_point_v<compute_t<P>> as false
+  // for P = double.)
+  template <class Kernel>
+  static void optim_step(const char* op, DType state, DType param, DType grad, Kernel&& kernel) {
+    if (state == DType::Float32)
+      optim_step_as<float>(op, param, grad, kernel);
+    else if (state == DType::Float64)
+      optim_step_as<double>(op, param, grad, kernel);
+    else
+      throw DTypeError(std::string(op) + ": the state is float32 or float64, got " + dtype_name(state));
+  }
+  template <class S, class Kernel>
+  static void optim_step_as(const char* op, DType param, DType grad, Kernel& kernel) {
+    dispatch_dtype(param, [&](auto ptag) {
+      dispatch_dtype(grad, [&](auto gtag) {
+        optim_step_typed<S, decltype(ptag), decltype(gtag)>(op, param, grad, kernel);
       });
     });
   }
-  template <class S, class P, class G>
-  static void adam_step_typed(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                              void* max_exp_avg_sq) {
+  template <class S, class P, class G, class Kernel>
+  static void optim_step_typed(const char* op, DType param, DType grad, Kernel& kernel) {
     if constexpr (std::is_floating_point_v<compute_t<P>> && std::is_floating_point_v<compute_t<G>>) {
-      cpu::adam_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(exp_avg),
-                              static_cast<S*>(exp_avg_sq), static_cast<S*>(max_exp_avg_sq));
+      kernel.template operator()<P, G, S>();
     } else {
-      throw DTypeError(std::string("adam_step: floating parameters and gradients only, got ") +
-                       dtype_name(a.param_dtype) + " and " + dtype_name(a.grad_dtype));
+      throw DTypeError(std::string(op) + ": floating parameters and gradients only, got " + dtype_name(param) +
+                       " and " + dtype_name(grad));
     }
   }
 
@@ -206,12 +214,22 @@ class CpuBackend : public Backend {
   }
   void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
                  void* max_exp_avg_sq) override {
-    if (a.state_dtype == DType::Float32)
-      adam_step_as<float>(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
-    else if (a.state_dtype == DType::Float64)
-      adam_step_as<double>(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
-    else
-      throw DTypeError(std::string("adam_step: the state is float32 or float64, got ") + dtype_name(a.state_dtype));
+    optim_step("adam_step", a.state_dtype, a.param_dtype, a.grad_dtype, [&]<class P, class G, class S>() {
+      cpu::adam_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(exp_avg),
+                              static_cast<S*>(exp_avg_sq), static_cast<S*>(max_exp_avg_sq));
+    });
+  }
+  void sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* momentum_buffer) override {
+    optim_step("sgd_step", a.state_dtype, a.param_dtype, a.grad_dtype, [&]<class P, class G, class S>() {
+      cpu::sgd_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(momentum_buffer));
+    });
+  }
+  void rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* square_avg, void* grad_avg,
+                    void* momentum_buffer) override {
+    optim_step("rmsprop_step", a.state_dtype, a.param_dtype, a.grad_dtype, [&]<class P, class G, class S>() {
+      cpu::rmsprop_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(square_avg),
+                                 static_cast<S*>(grad_avg), static_cast<S*>(momentum_buffer));
+    });
   }
   void cross_entropy_forward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
                              void* loss, void* lse, void* wt) override {

@@ -1,7 +1,8 @@
 #pragma once
-// CPU kernel of the fused Adam / AdamW step (core/kernel_table.hpp AdamStepArgs): one pass over
-// the parameter, its gradient and the moments instead of the ~15 elementwise ops (each a full
-// pass over memory) of the composite in optim/adam.hpp. Each element follows the composite's
+// CPU kernels of the fused optimizer steps (core/kernel_table.hpp AdamStepArgs, SgdStepArgs,
+// RmspropStepArgs): one pass over the parameter, its gradient and the state instead of the 5-15
+// elementwise ops (each a full pass over memory) of the composites in optim/adam.hpp, sgd.hpp and
+// rmsprop.hpp. Each element follows the composite's
 // operations in the same order, with the scalars rounded to the state type as the scalar ops
 // round them (x * S(a); a division by a scalar is a multiplication by S(1 / a)), so without FMA
 // contraction (x86-64's baseline) the result is bitwise the composite's. Threaded over elements
@@ -51,6 +52,73 @@ void adam_step(const AdamStepArgs& a, P* param, const G* grad, S* exp_avg, S* ex
       }
       const S denom = std::sqrt(v) * inv_bc2 + eps;
       p = p + (m * neg_step) / denom;
+      param[i] = from_calc<P>(static_cast<calc_t<P>>(p));
+    }
+  });
+}
+
+// SGD with momentum, dampening, Nesterov, L2 weight decay, maximize (optim/sgd.hpp's order).
+template <class P, class G, class S>
+void sgd_step(const SgdStepArgs& a, P* param, const G* grad, S* momentum_buffer) {
+  const S wd = static_cast<S>(a.weight_decay), momentum = static_cast<S>(a.momentum);
+  const S keep = static_cast<S>(1.0 - a.dampening);  // x * 1 is exact: the composite's skip is the same value
+  const S neg_lr = static_cast<S>(-a.lr);
+  const bool use_momentum = a.momentum != 0.0;
+  parallel_for(0, a.n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
+      S g = static_cast<S>(static_cast<calc_t<G>>(grad[i]));
+      if (a.maximize) g = -g;
+      if (a.weight_decay != 0.0) g = g + p * wd;
+      if (use_momentum) {
+        const S b = a.first_step ? g : momentum_buffer[i] * momentum + g * keep;
+        momentum_buffer[i] = b;
+        g = a.nesterov ? g + b * momentum : b;
+      }
+      p = p + g * neg_lr;
+      param[i] = from_calc<P>(static_cast<calc_t<P>>(p));
+    }
+  });
+}
+
+// RMSprop, centered or not, with momentum, L2 weight decay, maximize (optim/rmsprop.hpp's order;
+// the centered running mean is torch's two-branch lerp, as Adam's first moment).
+template <class P, class G, class S>
+void rmsprop_step(const RmspropStepArgs& a, P* param, const G* grad, S* square_avg, S* grad_avg,
+                  S* momentum_buffer) {
+  const S wd = static_cast<S>(a.weight_decay), alpha = static_cast<S>(a.alpha);
+  const S one_minus_alpha = static_cast<S>(1.0 - a.alpha);
+  const double w = 1.0 - a.alpha;  // lerp(grad_avg, g, w)
+  const bool lerp_low = std::abs(w) < 0.5;
+  const S w_s = static_cast<S>(lerp_low ? w : 1.0 - w);
+  const S eps = static_cast<S>(a.eps), momentum = static_cast<S>(a.momentum), neg_lr = static_cast<S>(-a.lr);
+  const bool use_momentum = a.momentum > 0.0;
+  parallel_for(0, a.n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
+      S g = static_cast<S>(static_cast<calc_t<G>>(grad[i]));
+      if (a.maximize) g = -g;
+      if (a.weight_decay != 0.0) g = g + p * wd;
+      const S sq = square_avg[i] * alpha + (g * one_minus_alpha) * g;
+      square_avg[i] = sq;
+      S avg;
+      if (a.centered) {
+        S m = grad_avg[i];
+        const S d = g - m;
+        m = lerp_low ? m + d * w_s : g - d * w_s;
+        grad_avg[i] = m;
+        avg = std::sqrt(sq + (-m) * m);
+      } else {
+        avg = std::sqrt(sq);
+      }
+      avg = avg + eps;
+      if (use_momentum) {
+        const S b = momentum_buffer[i] * momentum + g / avg;
+        momentum_buffer[i] = b;
+        p = p + b * neg_lr;
+      } else {
+        p = p + (g * neg_lr) / avg;
+      }
       param[i] = from_calc<P>(static_cast<calc_t<P>>(p));
     }
   });

@@ -1,6 +1,7 @@
 #pragma once
-// CUDA kernel of the fused Adam / AdamW step (core/kernel_table.hpp AdamStepArgs): one pass over a
-// parameter, its gradient and the moments, the twin of backend/cpu/optim_step.hpp. The scalars are
+// CUDA kernels of the fused optimizer steps (core/kernel_table.hpp AdamStepArgs, SgdStepArgs,
+// RmspropStepArgs): one pass over a parameter, its gradient and its state, the twins of
+// backend/cpu/optim_step.hpp. The scalars are
 // rounded to the state type S on the host exactly as the CPU kernel rounds them (and the lerp
 // branch is chosen there), and each element does the CPU's operations in the CPU's order.
 //
@@ -110,43 +111,166 @@ void adam_dispatch_floating(DType t, F&& f) {
     case DType::Float64: f(double{}); return;
     case DType::Float16: f(half{}); return;
     case DType::BFloat16: f(bfloat16{}); return;
-    default: return;  // unreachable: launch_adam_step checks the dtypes first
+    default: return;  // unreachable: dispatch_optim_step checks the dtypes first
+  }
+}
+
+// SGD (cpu::sgd_step's operations in its order, rounded as there).
+template <class S>
+struct SgdScalars {
+  S wd, momentum, keep, neg_lr;  // keep: 1 - dampening
+  bool maximize, weight_decay, use_momentum, first_step, nesterov;
+};
+
+template <class S>
+SgdScalars<S> sgd_scalars(const SgdStepArgs& a) {
+  return {static_cast<S>(a.weight_decay), static_cast<S>(a.momentum), static_cast<S>(1.0 - a.dampening),
+          static_cast<S>(-a.lr),          a.maximize,                  a.weight_decay != 0.0,
+          a.momentum != 0.0,              a.first_step,                a.nesterov};
+}
+
+template <class P, class G, class S>
+__global__ void sgd_step_kernel(SgdScalars<S> s, int64_t n, P* __restrict__ param, const G* __restrict__ grad,
+                                S* __restrict__ momentum_buffer) {
+  EMBER_GRID_STRIDE_LOOP(i, n) {
+    S p = static_cast<S>(to_calc<P>(param[i]));
+    S g = static_cast<S>(to_calc<G>(grad[i]));
+    if (s.maximize) g = -g;
+    if (s.weight_decay) g = adam_add(g, adam_mul(p, s.wd));
+    if (s.use_momentum) {
+      const S b = s.first_step ? g : adam_add(adam_mul(momentum_buffer[i], s.momentum), adam_mul(g, s.keep));
+      momentum_buffer[i] = b;
+      g = s.nesterov ? adam_add(g, adam_mul(b, s.momentum)) : b;
+    }
+    p = adam_add(p, adam_mul(g, s.neg_lr));
+    param[i] = from_calc<P>(static_cast<calc_t<P>>(p));
+  }
+}
+
+// RMSprop (cpu::rmsprop_step's operations in its order, rounded as there).
+template <class S>
+struct RmspropScalars {
+  S wd, alpha, one_minus_alpha, w, eps, momentum, neg_lr;  // w: the centered lerp's weight, as Adam's
+  bool maximize, weight_decay, centered, lerp_low, use_momentum;
+};
+
+template <class S>
+RmspropScalars<S> rmsprop_scalars(const RmspropStepArgs& a) {
+  RmspropScalars<S> s;
+  s.wd = static_cast<S>(a.weight_decay);
+  s.alpha = static_cast<S>(a.alpha);
+  s.one_minus_alpha = static_cast<S>(1.0 - a.alpha);
+  const double w = 1.0 - a.alpha;
+  s.lerp_low = std::abs(w) < 0.5;
+  s.w = static_cast<S>(s.lerp_low ? w : 1.0 - w);
+  s.eps = static_cast<S>(a.eps);
+  s.momentum = static_cast<S>(a.momentum);
+  s.neg_lr = static_cast<S>(-a.lr);
+  s.maximize = a.maximize;
+  s.weight_decay = a.weight_decay != 0.0;
+  s.centered = a.centered;
+  s.use_momentum = a.momentum > 0.0;
+  return s;
+}
+
+template <class P, class G, class S>
+__global__ void rmsprop_step_kernel(RmspropScalars<S> s, int64_t n, P* __restrict__ param,
+                                    const G* __restrict__ grad, S* __restrict__ square_avg,
+                                    S* __restrict__ grad_avg, S* __restrict__ momentum_buffer) {
+  EMBER_GRID_STRIDE_LOOP(i, n) {
+    S p = static_cast<S>(to_calc<P>(param[i]));
+    S g = static_cast<S>(to_calc<G>(grad[i]));
+    if (s.maximize) g = -g;
+    if (s.weight_decay) g = adam_add(g, adam_mul(p, s.wd));
+    const S sq = adam_add(adam_mul(square_avg[i], s.alpha), adam_mul(adam_mul(g, s.one_minus_alpha), g));
+    square_avg[i] = sq;
+    S avg;
+    if (s.centered) {
+      S m = grad_avg[i];
+      const S d = adam_sub(g, m);
+      m = s.lerp_low ? adam_add(m, adam_mul(d, s.w)) : adam_sub(g, adam_mul(d, s.w));
+      grad_avg[i] = m;
+      avg = adam_sqrt(adam_add(sq, adam_mul(-m, m)));
+    } else {
+      avg = adam_sqrt(sq);
+    }
+    avg = adam_add(avg, s.eps);
+    if (s.use_momentum) {
+      const S b = adam_add(adam_mul(momentum_buffer[i], s.momentum), adam_div(g, avg));
+      momentum_buffer[i] = b;
+      p = adam_add(p, adam_mul(b, s.neg_lr));
+    } else {
+      p = adam_add(p, adam_div(adam_mul(g, s.neg_lr), avg));
+    }
+    param[i] = from_calc<P>(static_cast<calc_t<P>>(p));
   }
 }
 
 // All 2 x 4 x 4 combinations of (state, parameter, gradient) types are dispatched, not only those
-// the optimizer produces (S = float64 iff the parameter is float64; the gradient of the parameter's
+// the optimizers produce (S = float64 iff the parameter is float64; the gradient of the parameter's
 // type, or float32 for a 16-bit parameter): each instantiation is one small kernel. The dtype
 // errors are the CPU backend's (same checks in the same order, same words) plus the device, and
-// come before the n == 0 return, as on the CPU.
-inline void launch_adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg,
-                             void* exp_avg_sq, void* max_exp_avg_sq, int device, unsigned grid,
-                             cudaStream_t stream) {
-  if (a.state_dtype != DType::Float32 && a.state_dtype != DType::Float64)
-    throw DTypeError(::ember::detail::str_cat("adam_step: the state is float32 or float64, got ",
-                                              dtype_name(a.state_dtype), " on cuda:", device));
-  if (!is_floating(a.param_dtype) || !is_floating(a.grad_dtype))
-    throw DTypeError(::ember::detail::str_cat("adam_step: floating parameters and gradients only, got ",
-                                              dtype_name(a.param_dtype), " and ", dtype_name(a.grad_dtype),
+// come before the n == 0 return, as on the CPU. `launch` is called as
+// launch.template operator()<P, G, S>().
+template <class Launch>
+void dispatch_optim_step(const char* op, DType state, DType param, DType grad, int64_t n, int device,
+                         Launch&& launch) {
+  if (state != DType::Float32 && state != DType::Float64)
+    throw DTypeError(::ember::detail::str_cat(op, ": the state is float32 or float64, got ", dtype_name(state),
                                               " on cuda:", device));
-  if (a.n <= 0) return;
+  if (!is_floating(param) || !is_floating(grad))
+    throw DTypeError(::ember::detail::str_cat(op, ": floating parameters and gradients only, got ",
+                                              dtype_name(param), " and ", dtype_name(grad), " on cuda:", device));
+  if (n <= 0) return;
   auto with_state = [&](auto state_tag) {
     using S = decltype(state_tag);
-    adam_dispatch_floating(a.param_dtype, [&](auto param_tag) {
+    adam_dispatch_floating(param, [&](auto param_tag) {
       using P = decltype(param_tag);
-      adam_dispatch_floating(a.grad_dtype, [&](auto grad_tag) {
+      adam_dispatch_floating(grad, [&](auto grad_tag) {
         using G = decltype(grad_tag);
-        adam_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
-            adam_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<const G*>(grad),
-            static_cast<S*>(exp_avg), static_cast<S*>(exp_avg_sq), a.amsgrad ? static_cast<S*>(max_exp_avg_sq) : nullptr);
+        launch.template operator()<P, G, S>();
         EMBER_CUDA_CHECK_LAUNCH();
       });
     });
   };
-  if (a.state_dtype == DType::Float64)
+  if (state == DType::Float64)
     with_state(double{});
   else
     with_state(float{});
+}
+
+inline void launch_adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg,
+                             void* exp_avg_sq, void* max_exp_avg_sq, int device, unsigned grid,
+                             cudaStream_t stream) {
+  dispatch_optim_step("adam_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
+                      [&]<class P, class G, class S>() {
+                        adam_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
+                            adam_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<const G*>(grad),
+                            static_cast<S*>(exp_avg), static_cast<S*>(exp_avg_sq),
+                            a.amsgrad ? static_cast<S*>(max_exp_avg_sq) : nullptr);
+                      });
+}
+
+inline void launch_sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* momentum_buffer,
+                            int device, unsigned grid, cudaStream_t stream) {
+  dispatch_optim_step("sgd_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
+                      [&]<class P, class G, class S>() {
+                        sgd_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
+                            sgd_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<const G*>(grad),
+                            static_cast<S*>(momentum_buffer));
+                      });
+}
+
+inline void launch_rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* square_avg,
+                                void* grad_avg, void* momentum_buffer, int device, unsigned grid,
+                                cudaStream_t stream) {
+  dispatch_optim_step("rmsprop_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
+                      [&]<class P, class G, class S>() {
+                        rmsprop_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
+                            rmsprop_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<const G*>(grad),
+                            static_cast<S*>(square_avg), static_cast<S*>(grad_avg),
+                            static_cast<S*>(momentum_buffer));
+                      });
 }
 
 }  // namespace
