@@ -8,6 +8,7 @@
 // engine (which need complete handles), then defines the handle methods that record on the tape.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <ostream>
@@ -40,6 +41,26 @@ class AnyTensor {
     impl->device = device;
     impl->shape = shape;
     impl->storage = std::make_shared<Storage>(device, bytes);
+    return AnyTensor(std::move(impl));
+  }
+  // An uninitialised tensor whose memory comes from `allocate(bytes)` instead of the device's
+  // allocator (pinned host memory, a buffer allocated in a copy stream's order) and goes back
+  // through `release(p, bytes)` when its storage dies. Nothing is allocated for 0 bytes.
+  static AnyTensor empty_from(const Shape& shape, DType dtype, Device device,
+                              const std::function<void*(size_t)>& allocate,
+                              const std::function<void(void*, size_t)>& release, const char* op = "empty") {
+    const size_t bytes = checked::nbytes(shape.checked_numel(op), dtype_size(dtype), op);
+    auto impl = std::make_shared<TensorImpl>();
+    impl->dtype = dtype;
+    impl->device = device;
+    impl->shape = shape;
+    void* p = bytes > 0 ? allocate(bytes) : nullptr;
+    try {
+      impl->storage = std::make_shared<Storage>(device, p, bytes, release);
+    } catch (...) {  // the storage could not be made: nothing else owns p
+      if (p != nullptr) release(p, bytes);
+      throw;
+    }
     return AnyTensor(std::move(impl));
   }
   static AnyTensor full(const Shape& shape, double value, DType dtype, Device device = Device::cpu(),

@@ -437,15 +437,10 @@ class DataLoader {
   // freed as any device tensor.
   AnyTensor upload_destination(const AnyTensor& t) const {
     const Device dev = opt_.device;
-    const size_t bytes = t.nbytes();
-    void* p = bytes > 0 ? pinned_backend_->allocate_for_upload(bytes) : nullptr;
-    auto impl = std::make_shared<TensorImpl>();
-    impl->dtype = t.dtype();
-    impl->device = dev;
-    impl->shape = t.shape();
-    impl->storage =
-        std::make_shared<Storage>(dev, p, bytes, [dev](void* q, size_t n) { backend_for(dev).deallocate(q, n); });
-    return AnyTensor(std::move(impl));
+    Backend* b = pinned_backend_;
+    return AnyTensor::empty_from(
+        t.shape(), t.dtype(), dev, [b](size_t bytes) { return b->allocate_for_upload(bytes); },
+        [dev](void* q, size_t n) { backend_for(dev).deallocate(q, n); }, "DataLoader upload");
   }
 
   // The batch as the caller gets it: on the host, or uploaded to the device.

@@ -601,15 +601,9 @@ class CheckpointManager {
   // An uninitialised CPU tensor shaped as v whose storage is pinned host memory of v's device.
   static AnyTensor pinned_host_tensor(const AnyTensor& v) {
     const Device dev = v.device();
-    const size_t bytes = v.nbytes();
-    void* p = bytes > 0 ? v.backend().allocate_pinned(bytes) : nullptr;
-    auto impl = std::make_shared<TensorImpl>();
-    impl->dtype = v.dtype();
-    impl->device = Device::cpu();
-    impl->shape = v.shape();
-    impl->storage = std::make_shared<Storage>(Device::cpu(), p, bytes,
-                                              [dev](void* q, size_t n) { backend_for(dev).free_pinned(q, n); });
-    return AnyTensor(std::move(impl));
+    return AnyTensor::empty_from(
+        v.shape(), v.dtype(), Device::cpu(), [dev](size_t bytes) { return backend_for(dev).allocate_pinned(bytes); },
+        [dev](void* q, size_t n) { backend_for(dev).free_pinned(q, n); }, "CheckpointManager staging");
   }
 
   void join() {
