@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include <ember/ember.hpp>
@@ -112,7 +113,23 @@ class CountingCudaBackend : public cpu::CpuBackend {
     ++reads;
     cpu::CpuBackend::copy_to_host(dst, src, bytes);
   }
-  int64_t reads = 0;
+  // What the fused-unscale test counts: the unscale_ multiplications, the inf checks, the SGD
+  // kernels and the unscale factor the last one got.
+  void unary(UnaryOp op, DType t, const void* x, void* out, int64_t n, double a, double b) override {
+    if (op == UnaryOp::MulScalar) ++mul_scalars;
+    cpu::CpuBackend::unary(op, t, x, out, n, a, b);
+  }
+  void nonfinite_check(DType t, const void* x, int64_t n, uint8_t* flag) override {
+    ++checks;
+    cpu::CpuBackend::nonfinite_check(t, x, n, flag);
+  }
+  void sgd_step(const SgdStepArgs& a, void* param, void* grad, void* buf) override {
+    ++sgd_steps;
+    last_grad_unscale = a.grad_unscale;
+    cpu::CpuBackend::sgd_step(a, param, grad, buf);
+  }
+  int64_t reads = 0, mul_scalars = 0, checks = 0, sgd_steps = 0;
+  double last_grad_unscale = 0.0;
 };
 
 CountingCudaBackend& counting_backend() {
@@ -602,6 +619,165 @@ TEST_CASE("GradScaler reads the device at most once per step", "[amp][scaler]") 
     CHECK(dev.reads == r0 + 1);
     CHECK(scaler.scale_tensor().device() == d);
   }
+}
+
+// ---------------------------------------------------------------------------- fused unscale
+namespace {
+// An optimizer of each kind that fuses the unscale into its step, options switched on broadly.
+std::unique_ptr<optim::Optimizer> make_fusing_optimizer(int kind, const AnyTensor& p) {
+  std::vector<AnyTensor> ps{p};
+  switch (kind) {
+    case 0: return std::make_unique<optim::SGD>(ps, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+    case 1: return std::make_unique<optim::Adam>(ps, optim::AdamOptions{.lr = 1e-2, .weight_decay = 0.01});
+    case 2: return std::make_unique<optim::AdamW>(ps, optim::AdamOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true});
+    default: return std::make_unique<optim::RMSprop>(ps, optim::RMSpropOptions{.lr = 1e-2, .momentum = 0.5, .centered = true});
+  }
+}
+const char* const kFusingNames[] = {"SGD", "Adam", "AdamW", "RMSprop"};
+
+// Six iterations of a scaled training step on one parameter (pdt) with gradients of gdt: the
+// gradient is a fixed random one times the current scale (what backward of the scaled loss
+// gives), with an inf in iteration 3. Growth every 2 clean steps, so the scale changes both ways.
+// Returns, per iteration, whether it stepped, the scale, the parameter's and the gradient's
+// bytes after step() and the optimizer's state.
+std::vector<std::vector<unsigned char>> scaled_trajectory(int kind, DType pdt, DType gdt, bool fuse,
+                                                          Device d = Device::cpu()) {
+  Generator gen(7);
+  AnyTensor p = Tensor<double>::randn({53, 7}, Device::cpu(), 0.0, 1.0, gen).to(pdt).to(d).detach().clone();
+  p.set_requires_grad(true);
+  auto opt = make_fusing_optimizer(kind, p);
+  amp::GradScaler scaler({.init_scale = 1024.0, .growth_factor = 2.0, .backoff_factor = 0.5, .growth_interval = 2});
+  scaler.set_fuse_unscale(fuse);
+  std::vector<std::vector<unsigned char>> out;
+  for (int it = 0; it < 6; ++it) {
+    (void)scaler.scale(AnyTensor::zeros(Shape{}, DType::Float32, d));  // the scale exists
+    AnyTensor g = Tensor<double>::randn({53, 7}, Device::cpu(), 0.0, it == 4 ? 1e-3 : 1.0, gen);
+    p.set_grad(op::mul(g, scaler.get_scale()).to(gdt).to(d));
+    if (it == 3) poke(p.grad(), 100, kInf);
+    const bool stepped = scaler.step(*opt);
+    out.push_back({static_cast<unsigned char>(stepped)});
+    const double sc = scaler.get_scale();
+    const auto* sb = reinterpret_cast<const unsigned char*>(&sc);
+    out.emplace_back(sb, sb + sizeof sc);
+    out.push_back(bytes_of(p));
+    out.push_back(bytes_of(p.grad()));
+    const auto sd = opt->state_dict();
+    for (const auto& [i, st] : sd.state)
+      for (const auto& [name, t] : st) out.push_back(bytes_of(t));
+    scaler.update();
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("GradScaler step with the unscale fused into SGD / Adam / AdamW / RMSprop equals unscale_ then step, bitwise",
+          "[amp][scaler][fused]") {
+  const std::pair<DType, DType> dtypes[] = {{DType::Float32, DType::Float32},
+                                            {DType::Float64, DType::Float64},
+                                            {DType::Float16, DType::Float16},
+                                            {DType::BFloat16, DType::Float32},
+                                            {DType::Float32, DType::Float16}};
+  for (int kind = 0; kind < 4; ++kind) {
+    for (const auto& [pdt, gdt] : dtypes) {
+      INFO(kFusingNames[kind] << ", parameter " << dtype_name(pdt) << ", gradient " << dtype_name(gdt));
+      const auto fused = scaled_trajectory(kind, pdt, gdt, true);
+      const auto reference = scaled_trajectory(kind, pdt, gdt, false);
+      REQUIRE(fused.size() == reference.size());
+      for (size_t i = 0; i < fused.size(); ++i) {
+        INFO("record " << i);
+        REQUIRE(fused[i] == reference[i]);  // parameter, unscaled gradient, state, verdict and scale
+      }
+      REQUIRE(fused[0] == std::vector<unsigned char>{1});  // the first iteration stepped
+    }
+  }
+}
+
+TEST_CASE("GradScaler fused unscale: step() checks, then one kernel unscales and steps, and the fallbacks",
+          "[amp][scaler][fused]") {
+  if (cuda::is_available()) {
+    std::cout << "(counting device not installed: a real GPU is present)" << std::endl;
+    return;
+  }
+  CountingGpu gpu;
+  CountingCudaBackend& dev = counting_backend();
+  const Device d = Device::cuda(0);
+  AnyTensor p = AnyTensor(Tensor<float>::from_vector({1.0f, 2.0f, 3.0f})).to(d);
+  p.set_requires_grad(true);
+  optim::SGD opt({p}, {.lr = 0.125, .momentum = 0.5});
+  amp::GradScaler scaler({.init_scale = 64.0, .growth_interval = 1000});
+  auto iteration = [&](auto before_step) {
+    opt.zero_grad();
+    scaler.scale(square_loss(p)).backward();
+    before_step();
+    const int64_t m0 = dev.mul_scalars, c0 = dev.checks, s0 = dev.sgd_steps;
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    return std::tuple{stepped, dev.mul_scalars - m0, dev.checks - c0, dev.sgd_steps - s0};
+  };
+  SECTION("fused: one check, no separate multiplication, the kernel gets 1 / scale") {
+    const auto [stepped, muls, checks, steps] = iteration([] {});
+    CHECK(stepped);
+    CHECK(muls == 0);
+    CHECK(checks == 1);
+    CHECK(steps == 1);
+    CHECK(dev.last_grad_unscale == 1.0 / 64.0);
+    CHECK(p.grad().to_double_vector() == std::vector<double>{2.0, 4.0, 6.0});  // left unscaled, as unscale_ leaves it
+    CHECK(p.to_double_vector() == std::vector<double>{0.75, 1.5, 2.25});         // p - 0.125 * 2p (first momentum step)
+  }
+  SECTION("an inf: no step, the gradients unscaled all the same") {
+    const auto [stepped, muls, checks, steps] = iteration([&] { poke(p.grad(), 1, kInf); });
+    CHECK_FALSE(stepped);
+    CHECK(muls == 1);
+    CHECK(steps == 0);
+    const auto g = p.grad().to_double_vector();
+    CHECK(g[0] == 2.0);
+    CHECK(g[2] == 6.0);
+  }
+  SECTION("set_fuse_unscale(false), unscale_ called first, or a non-fused optimizer: unscale_ then step") {
+    int variant = GENERATE(0, 1, 2);
+    INFO("variant " << variant);
+    if (variant == 0) scaler.set_fuse_unscale(false);
+    if (variant == 2) opt.set_fused(false);
+    const auto [stepped, muls, checks, steps] = iteration([&] {
+      if (variant == 1) scaler.unscale_(opt);
+    });
+    CHECK(stepped);
+    CHECK(checks == (variant == 1 ? 0 : 1));
+    if (variant == 2)
+      CHECK(muls >= 1);  // unscale_'s, then the composite step's own scalar products
+    else
+      CHECK(muls == (variant == 1 ? 0 : 1));  // (variant 1: unscale_ ran before the count)
+    CHECK(steps == (variant == 2 ? 0 : 1));
+    if (variant != 2) CHECK(dev.last_grad_unscale == 1.0);
+    CHECK(p.grad().to_double_vector() == std::vector<double>{2.0, 4.0, 6.0});
+    CHECK(p.to_double_vector() == std::vector<double>{0.75, 1.5, 2.25});  // 1 - 0.125 * 2 = 0.75, ...
+  }
+}
+
+TEST_CASE("parity: the GradScaler's unscale fused into the optimizer steps, CPU versus CUDA",
+          "[amp][scaler][fused][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  const std::pair<DType, DType> dtypes[] = {{DType::Float32, DType::Float32},
+                                            {DType::Float64, DType::Float64},
+                                            {DType::Float16, DType::Float16},
+                                            {DType::BFloat16, DType::Float32}};
+  for (int kind = 0; kind < 4; ++kind) {
+    for (const auto& [pdt, gdt] : dtypes) {
+      INFO(kFusingNames[kind] << ", parameter " << dtype_name(pdt) << ", gradient " << dtype_name(gdt));
+      // The same rounded operations in the same order (kernels/optim_step.cuh): bitwise.
+      REQUIRE(scaled_trajectory(kind, pdt, gdt, true, Device::cuda(0)) == scaled_trajectory(kind, pdt, gdt, true));
+    }
+  }
+}
+
+TEST_CASE("Optimizer::step_unscaling refuses an optimizer that does not fuse the unscale", "[amp][scaler][fused][errors]") {
+  AnyTensor p = make_param();
+  optim::SGD opt({p}, {.lr = 0.5});
+  opt.set_fused(false);
+  CHECK_FALSE(opt.fuses_grad_unscale());
+  REQUIRE_THROWS_WITH(opt.step_unscaling(0.5), Catch::Matchers::Contains("SGD.step_unscaling: this optimizer does not fuse"));
+  opt.set_fused(true);
+  CHECK(opt.fuses_grad_unscale());
 }
 
 // ---------------------------------------------------------------------------- fp16 training

@@ -1402,11 +1402,11 @@ auto no_change = [](auto&, int) {};
 class CountingStepBackend : public testing::PretendCudaBackend {
  public:
   int sgd = 0, rmsprop = 0;
-  void sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* buf) override {
+  void sgd_step(const SgdStepArgs& a, void* param, void* grad, void* buf) override {
     ++sgd;
     PretendCudaBackend::sgd_step(a, param, grad, buf);
   }
-  void rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* sq, void* ga, void* buf) override {
+  void rmsprop_step(const RmspropStepArgs& a, void* param, void* grad, void* sq, void* ga, void* buf) override {
     ++rmsprop;
     PretendCudaBackend::rmsprop_step(a, param, grad, sq, ga, buf);
   }

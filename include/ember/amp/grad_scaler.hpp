@@ -22,6 +22,13 @@
 //   computed in fp32 for fp16/bf16 gradients. At most once per optimizer between update()s.
 // - step(opt): unscale_(opt) unless already done; then opt.step() unless an inf/NaN was found.
 //   Returns whether it stepped (torch returns the optimizer's step() result, None when skipped).
+//   Where unscale_ was not called and the optimizer fuses the unscale (SGD, Adam, AdamW, RMSprop
+//   with their fused steps: Optimizer::fuses_grad_unscale), step() runs unscale_'s check alone,
+//   then the optimizer's step with the unscale inside its kernel (Optimizer::step_unscaling), as
+//   torch's fused optimizers take grad_scale and found_inf: the same values bitwise (parameters,
+//   state and the unscaled gradients left behind), each gradient read twice and written once
+//   instead of three reads and a write. A skipped step still unscales the gradients.
+//   set_fuse_unscale(false) keeps unscale_ then step().
 // - update(): found inf/NaN in any optimizer: scale *= backoff_factor, growth tracker = 0; else
 //   tracker += 1, and when it reaches growth_interval: scale *= growth_factor (only if that stays
 //   finite in float32), tracker = 0. The products are computed in double and rounded to float32.
@@ -136,22 +143,7 @@ class GradScaler {
     if (st.stage == Stage::Unscaled)
       throw Error("GradScaler: unscale_() has already been called on this optimizer since the last update().");
     if (st.stage == Stage::Stepped) throw Error("GradScaler: unscale_() is being called after step().");
-    const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_host_));
-    NoGradGuard no_grad;
-    std::unordered_set<const TensorImpl*> seen;  // a gradient shared by two parameters is unscaled once
-    for (const optim::ParamGroup& group : opt.param_groups()) {
-      for (const AnyTensor& p : group.params) {
-        AnyTensor g = p.grad();
-        if (!g.defined() || !seen.insert(g.impl()).second) continue;
-        AnyTensor& flag = st.flag_for(g.device());
-        if (g.numel() == 0) continue;
-        Backend& b = g.backend();
-        b.nonfinite_check(g.dtype(), g.data_ptr(), g.numel(), static_cast<uint8_t*>(flag.data_ptr()));
-        if (inv_scale != 1.0f)
-          b.unary(UnaryOp::MulScalar, g.dtype(), g.data_ptr(), g.data_ptr(), g.numel(), static_cast<double>(inv_scale),
-                  0.0);
-      }
-    }
+    pass_over_gradients(opt, &st, inverse_scale());
     st.stage = Stage::Unscaled;
   }
 
@@ -166,16 +158,37 @@ class GradScaler {
     check_initialised("step");
     if (per_optimizer_[&opt].stage == Stage::Stepped)
       throw Error("GradScaler: step() has already been called since the last update().");
-    if (per_optimizer_[&opt].stage == Stage::Ready) unscale_(opt);
+    // unscale_ not called: the unscale is fused into the optimizer's step where it can be
+    // (Optimizer::step_unscaling), after a check-only pass; otherwise unscale_, then step().
+    const bool fuse = per_optimizer_[&opt].stage == Stage::Ready && fuse_unscale_ && opt.fuses_grad_unscale() &&
+                      gradients_distinct(opt);
+    if (fuse) {
+      pass_over_gradients(opt, &per_optimizer_[&opt], 1.0f);  // the check only
+      per_optimizer_[&opt].stage = Stage::Unscaled;          // as after unscale_, should the next check throw
+    } else if (per_optimizer_[&opt].stage == Stage::Ready)
+      unscale_(opt);
     OptimizerState& st = per_optimizer_[&opt];
     EMBER_CHECK(!st.flags.empty(), Error,
                 "GradScaler.step: No inf checks were recorded for this optimizer (none of its parameters has a "
                 "gradient: was backward() called on the scaled loss?)");
     const bool found_inf = st.read_found_inf();  // the one device-to-host read of the iteration
-    if (!found_inf) opt.step();
+    const float inv_scale = inverse_scale();
+    if (fuse && inv_scale != 1.0f) {
+      if (found_inf)
+        pass_over_gradients(opt, nullptr, inv_scale);  // skipped: the gradients end unscaled all the same
+      else
+        opt.step_unscaling(static_cast<double>(inv_scale));
+    } else if (!found_inf) {
+      opt.step();
+    }
     st.stage = Stage::Stepped;
     return !found_inf;
   }
+
+  // Whether step() may fuse the unscale into the optimizer's step (default on): the same values,
+  // bitwise, with one pass over the gradients fewer. Off: unscale_ then step(), the reference.
+  void set_fuse_unscale(bool on) { fuse_unscale_ = on; }
+  bool fuse_unscale() const { return fuse_unscale_; }
 
   // The found-inf flags unscale_(opt) recorded (uint8 0-d tensors, one per gradient device), as
   // handles: writing into them before step(opt) changes its verdict (dist::sync_found_inf
@@ -331,6 +344,39 @@ class GradScaler {
     }
   };
 
+  // inv_scale = float32(1 / double(scale)), torch's rounding.
+  float inverse_scale() const { return static_cast<float>(1.0 / static_cast<double>(scale_host_)); }
+
+  // One pass of unscale_ over every gradient of opt: the inf/NaN check into st's flags (before
+  // any unscaling; none when st is null), then the gradient multiplied in place by inv_scale unless
+  // that is 1. unscale_: both; the fused step's check-only pass: inv_scale 1; the unscale of a
+  // step skipped after that check: no st. A gradient shared by two parameters is handled once.
+  static void pass_over_gradients(optim::Optimizer& opt, OptimizerState* st, float inv_scale) {
+    NoGradGuard no_grad;
+    std::unordered_set<const TensorImpl*> seen;
+    for (const optim::ParamGroup& group : opt.param_groups()) {
+      for (const AnyTensor& p : group.params) {
+        AnyTensor g = p.grad();
+        if (!g.defined() || !seen.insert(g.impl()).second) continue;
+        AnyTensor* flag = st ? &st->flag_for(g.device()) : nullptr;
+        if (g.numel() == 0) continue;
+        Backend& b = g.backend();
+        if (flag) b.nonfinite_check(g.dtype(), g.data_ptr(), g.numel(), static_cast<uint8_t*>(flag->data_ptr()));
+        if (inv_scale != 1.0f)
+          b.unary(UnaryOp::MulScalar, g.dtype(), g.data_ptr(), g.data_ptr(), g.numel(), static_cast<double>(inv_scale),
+                  0.0);
+      }
+    }
+  }
+  // No two parameters of opt share a gradient tensor (a fused unscale would unscale it twice).
+  static bool gradients_distinct(const optim::Optimizer& opt) {
+    std::unordered_set<const TensorImpl*> seen;
+    for (const optim::ParamGroup& group : opt.param_groups())
+      for (const AnyTensor& p : group.params)
+        if (AnyTensor g = p.grad(); g.defined() && !seen.insert(g.impl()).second) return false;
+    return true;
+  }
+
   void check_initialised(const char* fn) const {
     EMBER_CHECK(scale_.defined(), Error, "GradScaler: Attempted ", fn,
                 " but _scale is None.  This may indicate your script did not use scaler.scale(loss or outputs) "
@@ -366,6 +412,7 @@ class GradScaler {
   double growth_factor_, backoff_factor_;
   int64_t growth_interval_;
   int64_t growth_tracker_ = 0;
+  bool fuse_unscale_ = true;
   float scale_host_;   // the value of scale_ (always equal; see the header comment)
   AnyTensor scale_;    // float32 0-d on the device of the first scaled outputs
   std::unordered_map<const optim::Optimizer*, OptimizerState> per_optimizer_;

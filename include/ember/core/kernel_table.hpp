@@ -156,6 +156,12 @@ struct CrossEntropyArgs {
 //   exp_avg_sq = exp_avg_sq * beta2 + (g * (1 - beta2)) * g
 //   v = amsgrad ? (max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)) : exp_avg_sq   (NaN wins)
 //   p = p + (exp_avg * -step_size) / (sqrt(v) * (1 / bias_correction2_sqrt) + eps)
+//
+// All three steps take `grad_unscale`, the GradScaler's unscale fused in (amp/grad_scaler.hpp):
+// when it is not 1, each gradient element is first multiplied by it in the gradient's own
+// computation type and rounded to the gradient's type, exactly as UnaryOp::MulScalar would (the
+// unscale_ pass it replaces), and that value is written back into grad and used by the step. So
+// grad is read once and written once, and ends as unscale_ would leave it.
 struct AdamStepArgs {
   DType param_dtype = DType::Float32, grad_dtype = DType::Float32, state_dtype = DType::Float32;
   int64_t n = 0;
@@ -163,6 +169,7 @@ struct AdamStepArgs {
   bool decoupled = false, amsgrad = false, maximize = false;
   double step_size = 0.0;              // lr / (1 - beta1^step)
   double bias_correction2_sqrt = 1.0;  // sqrt(1 - beta2^step)
+  double grad_unscale = 1.0;           // the GradScaler's 1 / scale, or 1 (see above)
 };
 
 // One SGD step (optim/sgd.hpp's update): momentum_buffer is null when momentum == 0, and on the
@@ -172,6 +179,7 @@ struct SgdStepArgs {
   int64_t n = 0;
   double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
   bool nesterov = false, maximize = false, first_step = false;
+  double grad_unscale = 1.0;  // as AdamStepArgs::grad_unscale
 };
 
 // One RMSprop step (optim/rmsprop.hpp's update): grad_avg is null unless centered,
@@ -181,6 +189,7 @@ struct RmspropStepArgs {
   int64_t n = 0;
   double lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
   bool centered = false, maximize = false;
+  double grad_unscale = 1.0;  // as AdamStepArgs::grad_unscale
 };
 
 struct AttentionArgs {
@@ -278,12 +287,13 @@ class Backend {
                                   void* gq, void* gk, void* gv) = 0;
 
   // Fused Adam / AdamW step (AdamStepArgs); max_exp_avg_sq is null without amsgrad.
-  virtual void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+  // grad is written only when a.grad_unscale != 1.
+  virtual void adam_step(const AdamStepArgs& a, void* param, void* grad, void* exp_avg, void* exp_avg_sq,
                          void* max_exp_avg_sq) = 0;
   // Fused SGD step (SgdStepArgs) and RMSprop step (RmspropStepArgs): one pass over the parameter,
   // its gradient and the buffers, the composite's operations in its order.
-  virtual void sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* momentum_buffer) = 0;
-  virtual void rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* square_avg,
+  virtual void sgd_step(const SgdStepArgs& a, void* param, void* grad, void* momentum_buffer) = 0;
+  virtual void rmsprop_step(const RmspropStepArgs& a, void* param, void* grad, void* square_avg,
                             void* grad_avg, void* momentum_buffer) = 0;
 
   // index_select on the middle axis of [outer, src_n, inner]: out[o, j, i] = x[o, idx[j], i].

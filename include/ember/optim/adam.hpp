@@ -71,14 +71,16 @@ class AdamBase : public Optimizer {
         if (fused_ && fused_step_applies(p, grad, {&exp_avg, &exp_avg_sq, amsgrad ? max_sq : nullptr})) {
           // One pass over p, grad and the moments (Backend::adam_step), the composite's operations
           // in its order: the same values (bitwise on the CPU without FMA contraction).
-          const AdamStepArgs a{p.dtype(), grad.dtype(), sd, p.numel(), lr, beta1, beta2, eps, weight_decay,
-                               decoupled_, amsgrad, maximize, step_size, bias_correction2_sqrt};
+          const AdamStepArgs a{p.dtype(), grad.dtype(), sd,        p.numel(), lr,
+                               beta1,     beta2,        eps,       weight_decay, decoupled_,
+                               amsgrad,   maximize,     step_size, bias_correction2_sqrt, grad_unscale_};
           if (a.n > 0)
             p.backend().adam_step(a, p.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
                                   amsgrad ? max_sq->data_ptr() : nullptr);
           continue;
         }
         // The composite (set_fused(false), or tensors the kernel does not take).
+        unscale_for_composite(grad);
         AnyTensor param = value_as(p, sd);
         AnyTensor g = value_as(grad, sd);
         if (maximize) g = op::neg(g);
@@ -106,6 +108,8 @@ class AdamBase : public Optimizer {
   // set_fused(false) takes the composite, the reference the kernel is tested against.
   void set_fused(bool on) { fused_ = on; }
   bool fused() const { return fused_; }
+  // The GradScaler's unscale runs inside the fused kernel (Optimizer::step_unscaling).
+  bool fuses_grad_unscale() const override { return fused_; }
 
  protected:
   AdamBase(const char* name, std::vector<AnyTensor> params, const AdamOptions& options, double default_wd,

@@ -176,6 +176,26 @@ class Optimizer {
   // One update of every parameter that has a gradient.
   virtual void step() = 0;
 
+  // The GradScaler's unscale fused into the step (amp::GradScaler::step). step_unscaling(inv)
+  // is step() with every gradient first multiplied in place by inv, exactly as
+  // GradScaler::unscale_ multiplies it (UnaryOp::MulScalar in the gradient's type), and left so; an
+  // optimizer whose fuses_grad_unscale() does that inside its fused kernels (one read and one
+  // write of each gradient fewer than unscale_ then step()). SGD, Adam, AdamW and RMSprop do, with
+  // their fused steps on. Each gradient must be its own tensor (not shared by two parameters): the
+  // caller checks that, as GradScaler does.
+  virtual bool fuses_grad_unscale() const { return false; }
+  void step_unscaling(double inv_scale) {
+    EMBER_CHECK(fuses_grad_unscale(), Error, name_,
+                ".step_unscaling: this optimizer does not fuse the gradient unscale into its step (fuses_grad_unscale() "
+                "is false; unscale the gradients, then call step())");
+    struct Reset {
+      double& v;
+      ~Reset() { v = 1.0; }
+    } reset{grad_unscale_};
+    grad_unscale_ = inv_scale;
+    step();
+  }
+
   // Drops every gradient (torch's zero_grad(set_to_none=True), the default), or with
   // set_to_none=false writes zeros into the existing gradient tensors.
   void zero_grad(bool set_to_none = true) {
@@ -279,6 +299,15 @@ class Optimizer {
   }
 
  protected:
+  // The multiplier step_unscaling passes to step(): 1 in a plain step().
+  double grad_unscale_ = 1.0;
+  // A composite step's unscale (the fused kernels do their own): grad *= grad_unscale_ in place.
+  void unscale_for_composite(const AnyTensor& grad) const {
+    if (grad_unscale_ != 1.0 && grad.numel() > 0)
+      grad.backend().unary(UnaryOp::MulScalar, grad.dtype(), grad.data_ptr(), grad.data_ptr(), grad.numel(),
+                           grad_unscale_, 0.0);
+  }
+
   Optimizer(std::string name, Hyperparams defaults) : name_(std::move(name)), defaults_(std::move(defaults)) {}
 
   // Checks one group's hyperparameters; throws ValueError naming the optimizer and the option.

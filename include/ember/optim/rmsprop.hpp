@@ -71,7 +71,7 @@ class RMSprop : public Optimizer {
           // One pass over p, grad and the buffers (Backend::rmsprop_step), the composite's
           // operations in its order: the same values (bitwise on the CPU without FMA contraction).
           const RmspropStepArgs a{p.dtype(), grad.dtype(), sd,       p.numel(), lr, alpha, eps, weight_decay,
-                                  momentum,  centered,     maximize};
+                                  momentum,  centered,     maximize, grad_unscale_};
           if (a.n > 0)
             p.backend().rmsprop_step(a, p.data_ptr(), grad.data_ptr(), square_avg.data_ptr(),
                                      grad_avg_state ? grad_avg_state->data_ptr() : nullptr,
@@ -79,6 +79,7 @@ class RMSprop : public Optimizer {
           continue;
         }
         // The composite (set_fused(false), or tensors the kernel does not take).
+        unscale_for_composite(grad);
         const AnyTensor param = detail::value_as(p, sd);
         AnyTensor g = detail::value_as(grad, sd);
         if (maximize) g = op::neg(g);
@@ -108,6 +109,8 @@ class RMSprop : public Optimizer {
   // set_fused(false) takes the composite, the reference the kernel is tested against.
   void set_fused(bool on) { fused_ = on; }
   bool fused() const { return fused_; }
+  // The GradScaler's unscale runs inside the fused kernel (Optimizer::step_unscaling).
+  bool fuses_grad_unscale() const override { return fused_; }
 
   static Hyperparams torch_defaults() {
     return {{"lr", 1e-2},      {"alpha", 0.99},   {"eps", 1e-8},     {"weight_decay", 0.0},

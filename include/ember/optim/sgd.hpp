@@ -61,12 +61,13 @@ class SGD : public Optimizer {
               buf = &st.back().second;
             }
             const SgdStepArgs a{p.dtype(), grad.dtype(), sd, p.numel(), lr, momentum, dampening, weight_decay,
-                                nesterov, maximize, first};
+                                nesterov, maximize, first, grad_unscale_};
             if (a.n > 0) p.backend().sgd_step(a, p.data_ptr(), grad.data_ptr(), buf ? buf->data_ptr() : nullptr);
             continue;
           }
         }
         // The composite (set_fused(false), or tensors the kernel does not take).
+        unscale_for_composite(grad);
         const AnyTensor param = detail::value_as(p, sd);
         AnyTensor g = detail::value_as(grad, sd);
         if (maximize) g = op::neg(g);
@@ -91,6 +92,8 @@ class SGD : public Optimizer {
   // set_fused(false) takes the composite, the reference the kernel is tested against.
   void set_fused(bool on) { fused_ = on; }
   bool fused() const { return fused_; }
+  // The GradScaler's unscale runs inside the fused kernel (Optimizer::step_unscaling).
+  bool fuses_grad_unscale() const override { return fused_; }
 
   static Hyperparams torch_defaults() {
     return {{"lr", 1e-3}, {"momentum", 0.0}, {"dampening", 0.0}, {"weight_decay", 0.0},

@@ -212,22 +212,22 @@ class CpuBackend : public Backend {
                                  static_cast<T*>(gk), static_cast<T*>(gv));
     });
   }
-  void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+  void adam_step(const AdamStepArgs& a, void* param, void* grad, void* exp_avg, void* exp_avg_sq,
                  void* max_exp_avg_sq) override {
     optim_step("adam_step", a.state_dtype, a.param_dtype, a.grad_dtype, [&]<class P, class G, class S>() {
-      cpu::adam_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(exp_avg),
+      cpu::adam_step<P, G, S>(a, static_cast<P*>(param), static_cast<G*>(grad), static_cast<S*>(exp_avg),
                               static_cast<S*>(exp_avg_sq), static_cast<S*>(max_exp_avg_sq));
     });
   }
-  void sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* momentum_buffer) override {
+  void sgd_step(const SgdStepArgs& a, void* param, void* grad, void* momentum_buffer) override {
     optim_step("sgd_step", a.state_dtype, a.param_dtype, a.grad_dtype, [&]<class P, class G, class S>() {
-      cpu::sgd_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(momentum_buffer));
+      cpu::sgd_step<P, G, S>(a, static_cast<P*>(param), static_cast<G*>(grad), static_cast<S*>(momentum_buffer));
     });
   }
-  void rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* square_avg, void* grad_avg,
+  void rmsprop_step(const RmspropStepArgs& a, void* param, void* grad, void* square_avg, void* grad_avg,
                     void* momentum_buffer) override {
     optim_step("rmsprop_step", a.state_dtype, a.param_dtype, a.grad_dtype, [&]<class P, class G, class S>() {
-      cpu::rmsprop_step<P, G, S>(a, static_cast<P*>(param), static_cast<const G*>(grad), static_cast<S*>(square_avg),
+      cpu::rmsprop_step<P, G, S>(a, static_cast<P*>(param), static_cast<G*>(grad), static_cast<S*>(square_avg),
                                  static_cast<S*>(grad_avg), static_cast<S*>(momentum_buffer));
     });
   }

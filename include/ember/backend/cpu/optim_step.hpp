@@ -6,7 +6,8 @@
 // operations in the same order, with the scalars rounded to the state type as the scalar ops
 // round them (x * S(a); a division by a scalar is a multiplication by S(1 / a)), so without FMA
 // contraction (x86-64's baseline) the result is bitwise the composite's. Threaded over elements
-// (each element is independent: the result never depends on the thread count).
+// (each element is independent: the result never depends on the thread count). Each takes the
+// GradScaler's unscale fused in (grad_unscale, step_grad below).
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,9 +17,20 @@
 
 namespace ember::cpu {
 
+// The gradient element a step uses, in G's computation type. With the GradScaler's unscale fused
+// in (grad_unscale != 1: `unscale`), the element times u rounded to G, as UnaryOp::MulScalar
+// computes it (elementwise.hpp), is written back first, so the gradient ends as unscale_ leaves it.
+template <class G>
+inline calc_t<G> step_grad(G* grad, int64_t i, bool unscale, calc_t<G> u) {
+  if (!unscale) return static_cast<calc_t<G>>(grad[i]);
+  const G v = from_calc<G>(static_cast<calc_t<G>>(grad[i]) * u);
+  grad[i] = v;
+  return static_cast<calc_t<G>>(v);
+}
+
 // P: the parameter's element type, G: the gradient's, S: the state's (float or double).
 template <class P, class G, class S>
-void adam_step(const AdamStepArgs& a, P* param, const G* grad, S* exp_avg, S* exp_avg_sq, S* max_exp_avg_sq) {
+void adam_step(const AdamStepArgs& a, P* param, G* grad, S* exp_avg, S* exp_avg_sq, S* max_exp_avg_sq) {
   const S decay = static_cast<S>(1.0 - a.lr * a.weight_decay);
   const S wd = static_cast<S>(a.weight_decay);
   const double w = 1.0 - a.beta1;  // lerp(exp_avg, g, w)
@@ -28,10 +40,12 @@ void adam_step(const AdamStepArgs& a, P* param, const G* grad, S* exp_avg, S* ex
   const S inv_bc2 = static_cast<S>(1.0 / a.bias_correction2_sqrt);
   const S eps = static_cast<S>(a.eps);
   const S neg_step = static_cast<S>(-a.step_size);
+  const bool unscale = a.grad_unscale != 1.0;
+  const calc_t<G> u = static_cast<calc_t<G>>(a.grad_unscale);
   parallel_for(0, a.n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
-      S g = static_cast<S>(static_cast<calc_t<G>>(grad[i]));
+      S g = static_cast<S>(step_grad(grad, i, unscale, u));
       if (a.maximize) g = -g;
       if (a.weight_decay != 0.0) {
         if (a.decoupled)
@@ -59,15 +73,17 @@ void adam_step(const AdamStepArgs& a, P* param, const G* grad, S* exp_avg, S* ex
 
 // SGD with momentum, dampening, Nesterov, L2 weight decay, maximize (optim/sgd.hpp's order).
 template <class P, class G, class S>
-void sgd_step(const SgdStepArgs& a, P* param, const G* grad, S* momentum_buffer) {
+void sgd_step(const SgdStepArgs& a, P* param, G* grad, S* momentum_buffer) {
   const S wd = static_cast<S>(a.weight_decay), momentum = static_cast<S>(a.momentum);
   const S keep = static_cast<S>(1.0 - a.dampening);  // x * 1 is exact: the composite's skip is the same value
   const S neg_lr = static_cast<S>(-a.lr);
   const bool use_momentum = a.momentum != 0.0;
+  const bool unscale = a.grad_unscale != 1.0;
+  const calc_t<G> u = static_cast<calc_t<G>>(a.grad_unscale);
   parallel_for(0, a.n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
-      S g = static_cast<S>(static_cast<calc_t<G>>(grad[i]));
+      S g = static_cast<S>(step_grad(grad, i, unscale, u));
       if (a.maximize) g = -g;
       if (a.weight_decay != 0.0) g = g + p * wd;
       if (use_momentum) {
@@ -84,7 +100,7 @@ void sgd_step(const SgdStepArgs& a, P* param, const G* grad, S* momentum_buffer)
 // RMSprop, centered or not, with momentum, L2 weight decay, maximize (optim/rmsprop.hpp's order;
 // the centered running mean is torch's two-branch lerp, as Adam's first moment).
 template <class P, class G, class S>
-void rmsprop_step(const RmspropStepArgs& a, P* param, const G* grad, S* square_avg, S* grad_avg,
+void rmsprop_step(const RmspropStepArgs& a, P* param, G* grad, S* square_avg, S* grad_avg,
                   S* momentum_buffer) {
   const S wd = static_cast<S>(a.weight_decay), alpha = static_cast<S>(a.alpha);
   const S one_minus_alpha = static_cast<S>(1.0 - a.alpha);
@@ -93,10 +109,12 @@ void rmsprop_step(const RmspropStepArgs& a, P* param, const G* grad, S* square_a
   const S w_s = static_cast<S>(lerp_low ? w : 1.0 - w);
   const S eps = static_cast<S>(a.eps), momentum = static_cast<S>(a.momentum), neg_lr = static_cast<S>(-a.lr);
   const bool use_momentum = a.momentum > 0.0;
+  const bool unscale = a.grad_unscale != 1.0;
+  const calc_t<G> u = static_cast<calc_t<G>>(a.grad_unscale);
   parallel_for(0, a.n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
-      S g = static_cast<S>(static_cast<calc_t<G>>(grad[i]));
+      S g = static_cast<S>(step_grad(grad, i, unscale, u));
       if (a.maximize) g = -g;
       if (a.weight_decay != 0.0) g = g + p * wd;
       const S sq = square_avg[i] * alpha + (g * one_minus_alpha) * g;

@@ -659,16 +659,16 @@ class CudaBackend final : public Backend {
   }
 
   // ---- fused optimizer steps (kernels/optim_step.cuh)
-  void adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+  void adam_step(const AdamStepArgs& a, void* param, void* grad, void* exp_avg, void* exp_avg_sq,
                  void* max_exp_avg_sq) override {
     Guard g(device_);
     launch_adam_step(a, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, device_, grid(a.n), stream_);
   }
-  void sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* momentum_buffer) override {
+  void sgd_step(const SgdStepArgs& a, void* param, void* grad, void* momentum_buffer) override {
     Guard g(device_);
     launch_sgd_step(a, param, grad, momentum_buffer, device_, grid(a.n), stream_);
   }
-  void rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* square_avg, void* grad_avg,
+  void rmsprop_step(const RmspropStepArgs& a, void* param, void* grad, void* square_avg, void* grad_avg,
                     void* momentum_buffer) override {
     Guard g(device_);
     launch_rmsprop_step(a, param, grad, square_avg, grad_avg, momentum_buffer, device_, grid(a.n), stream_);

@@ -37,6 +37,17 @@ __device__ __forceinline__ double adam_sqrt(double a) { return __dsqrt_rn(a); }
 __device__ __forceinline__ float adam_quiet_nan(float) { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ double adam_quiet_nan(double) { return __longlong_as_double(0x7ff8000000000000LL); }
 
+// The gradient element a step uses (cpu::step_grad's twin): with the GradScaler's unscale fused in
+// (`unscale`), the element times u in G's computation type, rounded to G as the unary MulScalar
+// kernel rounds it, written back first.
+template <class G>
+__device__ __forceinline__ calc_t<G> step_grad(G* grad, int64_t i, bool unscale, calc_t<G> u) {
+  if (!unscale) return to_calc<G>(grad[i]);
+  const G v = from_calc<G>(adam_mul(to_calc<G>(grad[i]), u));
+  grad[i] = v;
+  return to_calc<G>(v);
+}
+
 // The step's scalars, rounded to S on the host as cpu::adam_step rounds them.
 template <class S>
 struct AdamScalars {
@@ -73,12 +84,13 @@ AdamScalars<S> adam_scalars(const AdamStepArgs& a) {
 // P: the parameter's element type, G: the gradient's, S: the state's (float or double). The flags
 // are uniform across the grid, so their branches cost nothing next to the memory traffic.
 template <class P, class G, class S>
-__global__ void adam_step_kernel(AdamScalars<S> s, int64_t n, P* __restrict__ param, const G* __restrict__ grad,
+__global__ void adam_step_kernel(AdamScalars<S> s, int64_t n, P* __restrict__ param, G* __restrict__ grad,
+                                 bool unscale, calc_t<G> u,
                                  S* __restrict__ exp_avg, S* __restrict__ exp_avg_sq,
                                  S* __restrict__ max_exp_avg_sq) {
   EMBER_GRID_STRIDE_LOOP(i, n) {
     S p = static_cast<S>(to_calc<P>(param[i]));
-    S g = static_cast<S>(to_calc<G>(grad[i]));
+    S g = static_cast<S>(step_grad(grad, i, unscale, u));
     if (s.maximize) g = -g;
     if (s.weight_decay) {
       if (s.decoupled)
@@ -130,11 +142,12 @@ SgdScalars<S> sgd_scalars(const SgdStepArgs& a) {
 }
 
 template <class P, class G, class S>
-__global__ void sgd_step_kernel(SgdScalars<S> s, int64_t n, P* __restrict__ param, const G* __restrict__ grad,
+__global__ void sgd_step_kernel(SgdScalars<S> s, int64_t n, P* __restrict__ param, G* __restrict__ grad,
+                                bool unscale, calc_t<G> u,
                                 S* __restrict__ momentum_buffer) {
   EMBER_GRID_STRIDE_LOOP(i, n) {
     S p = static_cast<S>(to_calc<P>(param[i]));
-    S g = static_cast<S>(to_calc<G>(grad[i]));
+    S g = static_cast<S>(step_grad(grad, i, unscale, u));
     if (s.maximize) g = -g;
     if (s.weight_decay) g = adam_add(g, adam_mul(p, s.wd));
     if (s.use_momentum) {
@@ -175,11 +188,11 @@ RmspropScalars<S> rmsprop_scalars(const RmspropStepArgs& a) {
 
 template <class P, class G, class S>
 __global__ void rmsprop_step_kernel(RmspropScalars<S> s, int64_t n, P* __restrict__ param,
-                                    const G* __restrict__ grad, S* __restrict__ square_avg,
+                                    G* __restrict__ grad, bool unscale, calc_t<G> u, S* __restrict__ square_avg,
                                     S* __restrict__ grad_avg, S* __restrict__ momentum_buffer) {
   EMBER_GRID_STRIDE_LOOP(i, n) {
     S p = static_cast<S>(to_calc<P>(param[i]));
-    S g = static_cast<S>(to_calc<G>(grad[i]));
+    S g = static_cast<S>(step_grad(grad, i, unscale, u));
     if (s.maximize) g = -g;
     if (s.weight_decay) g = adam_add(g, adam_mul(p, s.wd));
     const S sq = adam_add(adam_mul(square_avg[i], s.alpha), adam_mul(adam_mul(g, s.one_minus_alpha), g));
@@ -239,35 +252,38 @@ void dispatch_optim_step(const char* op, DType state, DType param, DType grad, i
     with_state(float{});
 }
 
-inline void launch_adam_step(const AdamStepArgs& a, void* param, const void* grad, void* exp_avg,
+inline void launch_adam_step(const AdamStepArgs& a, void* param, void* grad, void* exp_avg,
                              void* exp_avg_sq, void* max_exp_avg_sq, int device, unsigned grid,
                              cudaStream_t stream) {
   dispatch_optim_step("adam_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
                       [&]<class P, class G, class S>() {
                         adam_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
-                            adam_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<const G*>(grad),
+                            adam_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<G*>(grad),
+                            a.grad_unscale != 1.0, static_cast<calc_t<G>>(a.grad_unscale),
                             static_cast<S*>(exp_avg), static_cast<S*>(exp_avg_sq),
                             a.amsgrad ? static_cast<S*>(max_exp_avg_sq) : nullptr);
                       });
 }
 
-inline void launch_sgd_step(const SgdStepArgs& a, void* param, const void* grad, void* momentum_buffer,
+inline void launch_sgd_step(const SgdStepArgs& a, void* param, void* grad, void* momentum_buffer,
                             int device, unsigned grid, cudaStream_t stream) {
   dispatch_optim_step("sgd_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
                       [&]<class P, class G, class S>() {
                         sgd_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
-                            sgd_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<const G*>(grad),
+                            sgd_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<G*>(grad),
+                            a.grad_unscale != 1.0, static_cast<calc_t<G>>(a.grad_unscale),
                             static_cast<S*>(momentum_buffer));
                       });
 }
 
-inline void launch_rmsprop_step(const RmspropStepArgs& a, void* param, const void* grad, void* square_avg,
+inline void launch_rmsprop_step(const RmspropStepArgs& a, void* param, void* grad, void* square_avg,
                                 void* grad_avg, void* momentum_buffer, int device, unsigned grid,
                                 cudaStream_t stream) {
   dispatch_optim_step("rmsprop_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
                       [&]<class P, class G, class S>() {
                         rmsprop_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
-                            rmsprop_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<const G*>(grad),
+                            rmsprop_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<G*>(grad),
+                            a.grad_unscale != 1.0, static_cast<calc_t<G>>(a.grad_unscale),
                             static_cast<S*>(square_avg), static_cast<S*>(grad_avg),
                             static_cast<S*>(momentum_buffer));
                       });
