@@ -3,7 +3,12 @@
 // The target on an H200: fp16/bf16 at least 2x faster than fp32 on the 4096-wide MLP.
 // On the CPU, 16-bit types are emulated (converted to fp32 around each kernel), so the CPU rows
 // show overhead, not speed-up; sizes are small there so a run takes seconds.
+// scaler_step_{fused,unscale_then_step}: GradScaler::step on AdamW over one large fp32 parameter,
+// the unscale inside the optimizer's kernel (default) against unscale_ then step
+// (set_fuse_unscale(false)); memory-bound, so the ratio shows the pass over the gradients saved.
 // Run: ./build/benchmarks/bench_amp [--benchmark_filter=cuda]
+//      ./build/benchmarks/bench_amp --benchmark_filter=scaler_step --benchmark_repetitions=5 \
+//        --benchmark_enable_random_interleaving=true
 #include <benchmark/benchmark.h>
 
 #include <ember/ember.hpp>
@@ -63,6 +68,29 @@ void BM_transformer_step(benchmark::State& state, Device dev) {
                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The scale alternates between 2 and 0.5 (update(new_scale)), so the gradient, unscaled in place
+// every step, stays the same size (powers of two: exact) instead of sinking into denormals.
+template <bool Fuse>
+void BM_scaler_step(benchmark::State& state, Device dev) {
+  const int64_t n = dev.is_cpu() ? (int64_t{1} << 22) : (int64_t{1} << 26);
+  AnyTensor p = AnyTensor(Tensor<float>::randn({n}, dev));
+  p.set_requires_grad(true);
+  p.set_grad(AnyTensor(Tensor<float>::randn({n}, dev)));
+  optim::AdamW opt({p}, {.lr = 1e-4});
+  amp::GradScaler scaler({.init_scale = 2.0});
+  scaler.set_fuse_unscale(Fuse);
+  (void)scaler.scale(AnyTensor::zeros(Shape{}, DType::Float32, dev));
+  bool up = false;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(scaler.step(opt));
+    scaler.update(up ? 2.0 : 0.5);
+    up = !up;
+    backend_for(dev).synchronize();
+  }
+  state.counters["Gparam/s"] = benchmark::Counter(static_cast<double>(n) / 1e9,
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all(Device dev, const std::string& suffix) {
   auto reg = [&](const std::string& name, void (*fn)(benchmark::State&, Device)) {
     benchmark::RegisterBenchmark((name + suffix).c_str(), fn, dev)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -73,6 +101,8 @@ void register_all(Device dev, const std::string& suffix) {
   reg("transformer_step_fp32", BM_transformer_step<float>);
   reg("transformer_step_fp16", BM_transformer_step<half>);
   reg("transformer_step_bf16", BM_transformer_step<bfloat16>);
+  reg("scaler_step_fused", BM_scaler_step<true>);
+  reg("scaler_step_unscale_then_step", BM_scaler_step<false>);
 }
 
 }  // namespace
