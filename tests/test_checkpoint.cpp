@@ -365,7 +365,7 @@ TEST_CASE("checkpoint: errors", "[checkpoint][errors]") {
   }
 }
 
-TEST_CASE("checkpoint: 16-block MLP activation memory falls by at least 40 percent", "[checkpoint][memory]") {
+TEST_CASE("checkpoint: 16-block MLP activation memory falls by 40 percent (checkpoint_sequential) and 30 (per block)", "[checkpoint][memory]") {
   manual_seed(10);
   auto model = make_mlp(16, 256);
   auto x = Tensor<float>::randn({64, 256}).set_requires_grad();
@@ -389,5 +389,9 @@ TEST_CASE("checkpoint: 16-block MLP activation memory falls by at least 40 perce
        << per_block / 1024.0 << " KiB (-" << 100 * rb << "%)");
   CHECK(plain > 16 * 64 * 256 * 4);  // at least one activation per block is kept without checkpointing
   CHECK(r4 >= 0.40);
-  CHECK(rb >= 0.40);
+  // A block is Linear + ReLU, and without checkpointing it keeps two tensors (Linear's input, ReLU's
+  // output); a checkpointed block keeps its input, which is Linear's input, so per-block checkpointing
+  // saves at most half, less the block being recomputed. Measured -35% (2369 -> 1537 KiB) since
+  // Linear is one op (op::linear, the bias inside the GEMM); it was above 40% when Linear was matmul + add.
+  CHECK(rb >= 0.30);
 }

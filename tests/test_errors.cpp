@@ -49,6 +49,9 @@ TEST_CASE("errors: tensors on different devices name both devices", "[errors][de
   CHECK_THROWS_AS(a + b, DeviceError);
   CHECK_THROWS_WITH(a + b, Contains("add") && Contains("on cpu") && Contains("on cuda:0"));
   CHECK_THROWS_WITH(matmul(a.reshape({1, 2}), b.reshape({2, 1})), Contains("matmul") && Contains("cuda:0"));
+  CHECK_THROWS_WITH(linear(a.reshape({1, 2}), b.reshape({1, 2})), Contains("linear") && Contains("cuda:0"));
+  CHECK_THROWS_WITH(linear(a.reshape({1, 2}), a.reshape({1, 2}), Tensor<float>::ones({1}, Device::cuda(0))),
+                    Contains("linear") && Contains("on cpu") && Contains("cuda:0"));
   CHECK_THROWS_WITH(index_select(a, 0, Tensor<int64_t>::zeros({1}, Device::cuda(0))),
                     Contains("index_select") && Contains("cuda:0"));
   CHECK_THROWS_WITH(b.data(), Contains("data()") && Contains("cuda:0"));

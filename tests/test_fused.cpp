@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <ember/backend/cpu/reduce.hpp>
@@ -293,6 +295,61 @@ TEST_CASE("exp_sub_sum and row_max: the vector lanes give fast_expf's bits and t
   }
   std::vector<float> only_nan(5, nan);
   REQUIRE(cpu::detail::row_max(only_nan.data(), 5) == -inf);
+}
+
+TEST_CASE("vector math: every lane width this processor runs (4, 8 AVX2, 16 AVX-512F) gives the same bits",
+          "[fused][softmax]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x, gy;
+  for (double v = -95.0; v < 95.0; v += 0.0173) x.push_back(static_cast<float>(v));
+  for (float e : {nan, inf, -inf, 0.0f, -0.0f, 1e-30f, -1e-30f, 0.625f, -0.625f, 9.5f, 88.7f, -87.4f}) x.push_back(e);
+  for (size_t i = 0; i < x.size(); ++i) gy.push_back(i % 5 == 0 ? -1.25f : 0.5f + static_cast<float>(i % 7));
+  auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0; };
+  std::vector<int> widths;
+  for (int w : {4, 8, 16})
+    if (cpu::detail::runs_lanes(w)) widths.push_back(w);
+  REQUIRE(cpu::detail::runs_lanes(cpu::detail::lanes()));
+  if (!cpu::detail::runs_lanes(16)) WARN("SKIPPED: the 16-lane (AVX-512F) copy: this processor or compiler lacks it");
+  if (!cpu::detail::runs_lanes(8)) WARN("SKIPPED: the 8-lane (AVX2) copy: this processor lacks it");
+  // every length up to 40 (all tails of 4, 8 and 16 lanes) and the whole array
+  std::vector<int64_t> lengths;
+  for (int64_t n = 0; n <= 40; ++n) lengths.push_back(n);
+  lengths.push_back(static_cast<int64_t>(x.size()));
+  for (int w : widths) {
+    INFO("lanes " << w);
+    for (int64_t n : lengths) {
+      INFO("n " << n);
+      const float* xs = x.data() + (n == static_cast<int64_t>(x.size()) ? 0 : 3);
+      std::vector<float> y(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+      const float sum = cpu::detail::exp_sub_sum_at(w, xs, y.data(), n, 0.75f);
+      const float ref_sum = cpu::detail::exp_sub_sum_at(4, xs, ref.data(), n, 0.75f);
+      for (int64_t i = 0; i < n; ++i) REQUIRE(same(y[static_cast<size_t>(i)], cpu::detail::fast_expf(xs[i] - 0.75f)));
+      if (std::isfinite(ref_sum)) REQUIRE(std::abs(sum - ref_sum) <= 1e-5f * std::abs(ref_sum));
+      float m = -inf;
+      for (int64_t i = 0; i < n; ++i) m = xs[i] > m ? xs[i] : m;
+      REQUIRE(cpu::detail::row_max_at(w, xs, n) == m);
+      auto check_map = [&](auto op_tag, bool with_gy) {
+        constexpr auto kOp = decltype(op_tag)::value;
+        cpu::detail::map_f32_at<kOp>(w, xs, with_gy ? gy.data() : nullptr, y.data(), n);
+        cpu::detail::map_f32_at<kOp>(4, xs, with_gy ? gy.data() : nullptr, ref.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+          INFO("op " << static_cast<int>(kOp) << " x " << xs[i]);
+          REQUIRE(same(y[static_cast<size_t>(i)], ref[static_cast<size_t>(i)]));
+        }
+      };
+      using Op = cpu::detail::LaneOp;
+      check_map(std::integral_constant<Op, Op::Tanh>{}, false);
+      check_map(std::integral_constant<Op, Op::GeluTanh>{}, false);
+      check_map(std::integral_constant<Op, Op::GeluTanhGrad>{}, true);
+      check_map(std::integral_constant<Op, Op::Relu>{}, false);
+      check_map(std::integral_constant<Op, Op::ReluGrad>{}, true);
+    }
+  }
+  // a width the processor does not run means the widest it does
+  std::vector<float> a(x.size()), b(x.size());
+  cpu::detail::map_f32_at<cpu::detail::LaneOp::GeluTanh>(3, x.data(), nullptr, a.data(), static_cast<int64_t>(x.size()));
+  cpu::detail::gelu_tanh_f32(x.data(), b.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) REQUIRE(same(a[i], b[i]));
 }
 
 TEST_CASE("vector tanh and tanh-GELU (fp32): accuracy, edges, tails, the ops and their gradients", "[fused][softmax]") {

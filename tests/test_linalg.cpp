@@ -352,3 +352,117 @@ TEST_CASE("matmul typed float32 Tensor<float> wrapper and shape errors", "[linal
                   DTypeError);
   CHECK_THROWS_AS(op::matmul(AnyTensor::zeros({2, 2}, DType::Int32), AnyTensor::zeros({2, 2}, DType::Int32)), DTypeError);
 }
+
+// ------------------------------------------------------------------------------------------------
+// linear(x, w, b) = x W^T + b with the bias inside the GEMM (beta = 1).
+TEST_CASE("linear float64 gradcheck: 2-D, 3-D and 1-D inputs, with and without bias", "[linalg][grad][linear]") {
+  auto seed = GENERATE(1u, 2u);
+  struct Case {
+    Shape x;
+    bool bias;
+  };
+  for (const Case& c : {Case{{4, 6}, true}, Case{{2, 3, 6}, true}, Case{{6}, true}, Case{{4, 6}, false},
+                        Case{{2, 1, 3, 6}, false}}) {
+    INFO("x " << c.x.str() << " bias " << c.bias << " seed " << seed);
+    std::vector<AnyTensor> in = {rand1(c.x, seed), rand1({5, 6}, seed + 1)};
+    if (c.bias) {
+      in.push_back(rand1({5}, seed + 2));
+      CHECK_GRADIENTS(([](const std::vector<AnyTensor>& x) { return op::linear(x[0], x[1], x[2]); }), in);
+    } else {
+      CHECK_GRADIENTS(([](const std::vector<AnyTensor>& x) { return op::linear(x[0], x[1]); }), in);
+    }
+  }
+}
+
+TEST_CASE("linear forward: matmul plus bias (float64 to 1e-14, float32 to 1e-6), no bias bitwise matmul",
+          "[linalg][forward][linear]") {
+  for (DType t : {DType::Float64, DType::Float32}) {
+    INFO("dtype " << dtype_name(t));
+    for (const Shape& xs : {Shape{37, 70}, Shape{3, 5, 70}, Shape{70}, Shape{1, 70}}) {
+      AnyTensor x = rand1(xs, 5).to(t), w = rand1({33, 70}, 6).to(t), b = rand1({33}, 7, -3, 3).to(t);
+      AnyTensor y = op::linear(x, w, b), ref = op::add(op::matmul(x, w, false, true), b);
+      REQUIRE(y.shape() == ref.shape());
+      REQUIRE(y.dtype() == t);
+      const auto yv = y.to_double_vector(), rv = ref.to_double_vector();
+      double worst = 0;
+      for (size_t i = 0; i < yv.size(); ++i) worst = std::max(worst, std::abs(yv[i] - rv[i]) / (1.0 + std::abs(rv[i])));
+      CHECK(worst < (t == DType::Float64 ? 1e-14 : 1e-6));
+      const auto nb = op::linear(x, w).to_double_vector(), mm = op::matmul(x, w, false, true).to_double_vector();
+      CHECK(nb == mm);
+    }
+  }
+  SECTION("known values") {
+    AnyTensor x = Tensor<double>::from_vector({1, 2, 3, 4}, {2, 2});
+    AnyTensor w = Tensor<double>::from_vector({1, 0, 0, 1, 1, 1}, {3, 2});
+    AnyTensor b = Tensor<double>::from_vector({10, 20, 30}, {3});
+    check_close(vals(op::linear(x, w, b)), {11, 22, 33, 13, 24, 37}, 0);
+  }
+  SECTION("empty: no rows, no outputs, and no inputs (the bias alone, or zeros)") {
+    AnyTensor w = rand1({3, 4}, 1), b = rand1({3}, 2);
+    CHECK(op::linear(AnyTensor::zeros({0, 4}, DType::Float64), w, b).shape() == Shape{0, 3});
+    CHECK(op::linear(AnyTensor::zeros({2, 0, 4}, DType::Float64), w, b).shape() == Shape{2, 0, 3});
+    CHECK(op::linear(rand1({2, 4}, 3), AnyTensor::zeros({0, 4}, DType::Float64), AnyTensor::zeros({0}, DType::Float64))
+              .shape() == Shape{2, 0});
+    AnyTensor w0 = AnyTensor::zeros({3, 0}, DType::Float64);
+    const auto bv = b.to_double_vector();
+    check_close(vals(op::linear(AnyTensor::zeros({2, 0}, DType::Float64), w0, b)),
+                {bv[0], bv[1], bv[2], bv[0], bv[1], bv[2]}, 0);
+    check_close(vals(op::linear(AnyTensor::zeros({2, 0}, DType::Float64), w0)), {0, 0, 0, 0, 0, 0}, 0);
+  }
+  SECTION("the bias is not written, and a bias needing no gradient gets none") {
+    AnyTensor x = rand1({4, 5}, 1).set_requires_grad(), w = rand1({3, 5}, 2), b = rand1({3}, 3);
+    const auto before = b.to_double_vector();
+    AnyTensor y = op::linear(x, w, b);
+    op::sum(y).backward();
+    CHECK(b.to_double_vector() == before);
+    CHECK(!b.grad().defined());
+    CHECK(!w.grad().defined());
+    REQUIRE(x.grad().defined());
+    // d sum(x W^T + b) / dx = column sums of W, on every row
+    const auto g = x.grad().to_double_vector(), wv = w.to_double_vector();
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t c = 0; c < 5; ++c)
+        CHECK(std::abs(g[static_cast<size_t>(r * 5 + c)] - (wv[static_cast<size_t>(c)] + wv[static_cast<size_t>(5 + c)] +
+                                                            wv[static_cast<size_t>(10 + c)])) < 1e-14);
+  }
+  SECTION("float16 and bfloat16 against float32") {
+    AnyTensor x = rand1({9, 24}, 1), w = rand1({7, 24}, 2), b = rand1({7}, 3);
+    const auto ref = op::linear(x.to(DType::Float32), w.to(DType::Float32), b.to(DType::Float32)).to_double_vector();
+    for (DType t : {DType::Float16, DType::BFloat16}) {
+      const auto y = op::linear(x.to(t), w.to(t), b.to(t)).to_double_vector();
+      double worst = 0;
+      for (size_t i = 0; i < y.size(); ++i) worst = std::max(worst, std::abs(y[i] - ref[i]));
+      CHECK(worst < (t == DType::Float16 ? 2e-2 : 1.5e-1));
+    }
+  }
+}
+
+TEST_CASE("linear bad input: each a clear error naming the op and the shapes or dtypes", "[linalg][errors][linear]") {
+  auto msg_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const AnyTensor x = AnyTensor::zeros({2, 4}, DType::Float32), w = AnyTensor::zeros({3, 4}, DType::Float32),
+                  b = AnyTensor::zeros({3}, DType::Float32);
+  CHECK_THROWS_AS(op::linear(AnyTensor::zeros({2, 5}, DType::Float32), w, b), ShapeError);
+  CHECK_THAT(msg_of([&] { op::linear(AnyTensor::zeros({2, 5}, DType::Float32), w, b); }),
+             Catch::Contains("linear") && Catch::Contains("[2, 5]") && Catch::Contains("[3, 4]"));
+  CHECK_THROWS_AS(op::linear(x, AnyTensor::zeros({3, 4, 1}, DType::Float32), b), ShapeError);
+  CHECK_THAT(msg_of([&] { op::linear(x, AnyTensor::zeros({4}, DType::Float32)); }),
+             Catch::Contains("linear: the weight must be [out_features, in_features]"));
+  CHECK_THROWS_AS(op::linear(x, w, AnyTensor::zeros({4}, DType::Float32)), ShapeError);
+  CHECK_THAT(msg_of([&] { op::linear(x, w, AnyTensor::zeros({1, 3}, DType::Float32)); }),
+             Catch::Contains("linear: the bias must be [3]") && Catch::Contains("[1, 3]"));
+  CHECK_THROWS_AS(op::linear(AnyTensor::zeros({}, DType::Float32), w, b), ShapeError);
+  CHECK_THROWS_AS(op::linear(x, w, AnyTensor::zeros({3}, DType::Float64)), DTypeError);
+  CHECK_THAT(msg_of([&] { op::linear(x, AnyTensor::zeros({3, 4}, DType::Float64)); }),
+             Catch::Contains("linear") && Catch::Contains("float64") && Catch::Contains("float32"));
+  CHECK_THROWS_AS(op::linear(AnyTensor::zeros({2, 4}, DType::Int32), AnyTensor::zeros({3, 4}, DType::Int32)),
+                  DTypeError);
+  CHECK_THROWS_AS(op::linear(AnyTensor(), w), ValueError);
+  CHECK_THROWS_AS(op::linear(x, AnyTensor()), ValueError);
+}

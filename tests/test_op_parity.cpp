@@ -115,6 +115,9 @@ std::vector<ParityCase> cases() {
   c.push_back({"matmul transposes", {{33, 17}, {9, 33}}, [](V x) { return op::matmul(x[0], x[1], true, true); }, -1, 1, true});
   c.push_back({"matmul batched", {{3, 8, 16}, {3, 16, 5}}, [](V x) { return op::matmul(x[0], x[1]); }, -1, 1, true});
   c.push_back({"matmul broadcast", {{3, 8, 16}, {16, 5}}, [](V x) { return op::matmul(x[0], x[1]); }, -1, 1, true});
+  c.push_back({"linear (bias in the GEMM)", {{3, 8, 16}, {5, 16}, {5}},
+               [](V x) { return op::linear(x[0], x[1], x[2]); }, -1, 1, true});
+  c.push_back({"linear without bias", {{8, 16}, {5, 16}}, [](V x) { return op::linear(x[0], x[1]); }, -1, 1, true});
   c.push_back({"permute", {{2, 3, 4, 5}}, [](V x) { return op::permute(x[0], {3, 1, 0, 2}); }});
   c.push_back({"transpose", {{6, 7}}, [](V x) { return op::transpose(x[0]); }});
   c.push_back({"expand", {{3, 1}}, [](V x) { return op::expand(x[0], Shape{2, 3, 4}); }});

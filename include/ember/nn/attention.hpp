@@ -265,23 +265,17 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
     Tensor<T> B = in_proj_bias.defined() ? param_as<T>(in_proj_bias) : Tensor<T>();
     Tensor<T> q, k, v;
     if (self_attn) {
-      Tensor<T> qkv = matmul(q_in, W, false, true);
-      if (B.defined()) qkv = qkv + B;
+      Tensor<T> qkv = linear(q_in, W, B);  // one GEMM, the bias inside it
       auto parts = split(qkv, {E, E, E}, -1);
       q = parts[0];
       k = parts[1];
       v = parts[2];
     } else {
       auto ws = split(W, {E, E, E}, 0);
-      q = matmul(q_in, ws[0], false, true);
-      k = matmul(k_in, ws[1], false, true);
-      v = matmul(v_in, ws[2], false, true);
-      if (B.defined()) {
-        auto bs = split(B, {E, E, E}, 0);
-        q = q + bs[0];
-        k = k + bs[1];
-        v = v + bs[2];
-      }
+      std::vector<Tensor<T>> bs = B.defined() ? split(B, {E, E, E}, 0) : std::vector<Tensor<T>>(3);
+      q = linear(q_in, ws[0], bs[0]);
+      k = linear(k_in, ws[1], bs[1]);
+      v = linear(v_in, ws[2], bs[2]);
     }
     // Heads: [N, H, L, D].
     q = permute(q.reshape({N, L, H, D}), {0, 2, 1, 3});

@@ -1,6 +1,7 @@
 #pragma once
 // nn::Linear: y = x W^T + b with W [out_features, in_features], as torch.nn.Linear (same
-// parameter names and default initialisation, so state dicts move both ways).
+// parameter names and default initialisation, so state dicts move both ways). The forward is
+// op::linear: one GEMM with the bias added inside it.
 #include "ember/nn/init.hpp"
 #include "ember/nn/module.hpp"
 
@@ -28,8 +29,7 @@ class Linear : public ModuleBase<Linear> {
   Tensor<T> forward(const Tensor<T>& x) {
     EMBER_CHECK(x.dim() >= 1 && x.shape()[x.dim() - 1] == in_features_, ShapeError, "Linear(", in_features_, ", ",
                 out_features_, "): input ", x.desc(), " must end in ", in_features_, " features");
-    Tensor<T> y = matmul(x, param_as<T>(weight), false, true);
-    return bias.defined() ? y + param_as<T>(bias) : y;
+    return linear(x, param_as<T>(weight), bias.defined() ? param_as<T>(bias) : Tensor<T>());
   }
 
   int64_t in_features() const { return in_features_; }

@@ -1,7 +1,8 @@
 #pragma once
 // Matrix multiply: matmul(a, b, trans_a, trans_b) for vectors, matrices and batches (BLAS on the
 // CPU, cuBLAS on CUDA). A batch of matrices times one matrix broadcasts the matrix; [..., m, k]
-// times [k, n] folds the leading dimensions into m so it is one GEMM.
+// times [k, n] folds the leading dimensions into m so it is one GEMM. linear(x, w, b) is
+// torch.nn.functional.linear, x W^T + b, with the bias added inside the GEMM.
 #include <vector>
 
 #include "ember/ops/detail/common.hpp"
@@ -127,11 +128,92 @@ inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = f
   return r.reshape(Shape(out));
 }
 
+
+// linear(x, w, b) = x W^T + b for x [..., in], w [out, in], b [out] (or undefined: no bias), as
+// torch.nn.functional.linear. The leading dimensions of x fold into one GEMM, and the bias goes
+// into it as torch's addmm does: C is filled with the broadcast bias and the GEMM adds x W^T to it
+// (beta = 1), so the output is written once instead of a GEMM pass and a broadcast-add pass.
+// Against matmul then `+ b` the last bits differ: the bias is added first and the BLAS adds its
+// K-blocks to it. Backward: gx = gy W, gW = gy^T x, gb = the column sums of gy.
+inline AnyTensor linear(const AnyTensor& x, const AnyTensor& w, const AnyTensor& b = AnyTensor()) {
+  detail::OpScope op_scope("linear", x, w, b);
+  detail::check_defined("linear", x, "input");
+  detail::check_defined("linear", w, "weight");
+  detail::check_same_device("linear", x, w);
+  detail::check_same_dtype("linear", x, w);
+  detail::check_floating("linear", x);
+  EMBER_CHECK(x.dim() >= 1, ShapeError, "linear: the input must have at least one dimension, got ", x.desc());
+  EMBER_CHECK(w.dim() == 2, ShapeError, "linear: the weight must be [out_features, in_features], got ", w.desc());
+  const int64_t in = w.shape()[1], out = w.shape()[0];
+  EMBER_CHECK(x.shape()[x.dim() - 1] == in, ShapeError, "linear: input ", x.desc(), " must end in ", in,
+              " features to match weight ", w.desc());
+  if (b.defined()) {
+    detail::check_same_device("linear", x, b);
+    detail::check_same_dtype("linear", x, b);
+    EMBER_CHECK(b.dim() == 1 && b.shape()[0] == out, ShapeError, "linear: the bias must be [", out,
+                "] to match weight ", w.desc(), ", got ", b.desc());
+  }
+  int64_t rows = 1;  // the folded leading dimensions (not numel / in, which divides by 0 when in is 0)
+  for (int i = 0; i < x.dim() - 1; ++i) rows *= x.shape()[i];
+  std::vector<int64_t> out_shape = x.shape().vec();
+  out_shape.back() = out;
+  const Shape y2_shape{rows, out};
+  AnyTensor x2 = x.reshape(Shape{rows, in});
+  AnyTensor y2;
+  if (b.defined()) {
+    y2 = detail::expand_raw(b, y2_shape);  // always a new buffer: [rows, out] is never b's shape [out]
+  } else {
+    y2 = AnyTensor::empty(y2_shape, x.dtype(), x.device(), "linear");
+  }
+  if (y2.numel() > 0) {
+    if (in == 0) {
+      if (!b.defined()) y2.backend().fill(y2.dtype(), y2.data_ptr(), y2.numel(), 0.0);
+    } else {
+      GemmArgs g;
+      g.dtype = x.dtype();
+      g.trans_a = false;
+      g.trans_b = true;
+      g.m = rows;
+      g.n = out;
+      g.k = in;
+      g.a = x2.data_ptr();
+      g.lda = in;
+      g.b = w.data_ptr();
+      g.ldb = in;
+      g.c = y2.data_ptr();
+      g.ldc = out;
+      g.stride_c = rows * out;
+      g.beta = b.defined() ? 1.0 : 0.0;
+      y2.backend().gemm(g);
+    }
+  }
+  AnyTensor y = y2.reshape(Shape(out_shape));
+  if (autograd::any_requires_grad({x, w, b})) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
+    AnyTensor sx = x2.detach(), sw = w.detach();
+    const Shape x_shape = x.shape();
+    autograd::record("linear", {x, w, b}, {y}, [sx, sw, gx, gw, gb, x_shape, rows, out](const std::vector<AnyTensor>& g) {
+      const AnyTensor gy = g[0].reshape(Shape{rows, out});
+      AnyTensor dx, dw, db;
+      if (gx) dx = detail::mm_raw(gy, sw, false, false).reshape(x_shape);
+      if (gw) dw = detail::mm_raw(gy, sx, true, false);
+      if (gb) db = detail::reduce_dim_raw(ReduceOp::Sum, gy, 0).reshape(Shape{out});
+      return std::vector<AnyTensor>{dx, dw, db};
+    });
+  }
+  return y;
+}
+
 }  // namespace ember::op
 
 namespace ember {
 template <Element T>
 Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool trans_a = false, bool trans_b = false) {
   return Tensor<T>(op::matmul(a, b, trans_a, trans_b));
+}
+// x W^T + b (torch.nn.functional.linear); b may be an undefined tensor (no bias).
+template <Element T>
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>()) {
+  return Tensor<T>(op::linear(x, w, b));
 }
 }  // namespace ember

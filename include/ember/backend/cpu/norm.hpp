@@ -166,6 +166,17 @@ void norm_backward(const NormArgs& a, const T* x, const T* w, const norm_stat_t<
           tgx += static_cast<double>(g * ((static_cast<C>(xr[j]) - m) * s));
         }
         const C mg = a.rms ? C(0) : static_cast<C>(tg * inv_n), mgx = static_cast<C>(tgx * inv_n);
+        // The common case (affine LayerNorm): gx and both parameter-gradient sums in one loop over
+        // the cached row, xhat computed once (three loops before: 12% slower over 8192 x 1024).
+        if (w && bw && bb) {
+          for (int64_t j = 0; j < cols; ++j) {
+            const C xh = (static_cast<C>(xr[j]) - m) * s, g = static_cast<C>(gr[j]);
+            out[j] = from_calc<T>(s * (g * static_cast<C>(w[j]) - mg - xh * mgx));
+            bw[j] += static_cast<double>(g * xh);
+            bb[j] += static_cast<double>(g);
+          }
+          continue;
+        }
         if (w) {
           for (int64_t j = 0; j < cols; ++j) {
             const C xh = (static_cast<C>(xr[j]) - m) * s;

@@ -10,7 +10,9 @@
 // GradScaler's unscale fused in (grad_unscale, step_grad below).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/parallel.hpp"
@@ -28,6 +30,62 @@ inline calc_t<G> step_grad(G* grad, int64_t i, bool unscale, calc_t<G> u) {
   return static_cast<calc_t<G>>(v);
 }
 
+#if defined(__GNUC__) && defined(__SSE2__) && !defined(__CUDACC__)
+#define EMBER_ADAM_F32_LANES 1
+namespace detail {
+// Adam on all-fp32 tensors, four lanes at a time: the scalar loop below stays scalar because
+// std::sqrt under the default -fmath-errno is sqrtss plus a branch to libm for a negative input
+// (errno), which the vectoriser cannot take; sqrtps is the same correctly rounded square root, and
+// every other operation is the scalar loop's in the same order, so the bits are the same (the
+// fused-versus-composite tests compare them bitwise). AdamW over 3.2M parameters, 1 thread:
+// 4.1 ms where the scalar loop takes 13.6 (a build with -fno-math-errno vectorises the scalar loop
+// to the same 4.1 ms). Returns the first element it did not do (the scalar loop does the rest).
+struct AdamF32Consts {
+  float decay, wd, w_s, beta2, one_minus_beta2, inv_bc2, eps, neg_step, u;
+  bool decoupled, has_wd, lerp_low, unscale, maximize, amsgrad;
+};
+inline int64_t adam_step_f32_lanes(const AdamF32Consts& c, float* param, float* grad, float* exp_avg,
+                                   float* exp_avg_sq, float* max_exp_avg_sq, int64_t lo, int64_t hi) {
+  using V = float __attribute__((vector_size(16)));
+  const float qnan = std::numeric_limits<float>::quiet_NaN();
+  int64_t i = lo;
+  for (; i + 4 <= hi; i += 4) {
+    V p, g, m, v;
+    std::memcpy(&p, param + i, sizeof p);
+    std::memcpy(&g, grad + i, sizeof g);
+    std::memcpy(&m, exp_avg + i, sizeof m);
+    std::memcpy(&v, exp_avg_sq + i, sizeof v);
+    if (c.unscale) {
+      g = g * c.u;
+      std::memcpy(grad + i, &g, sizeof g);
+    }
+    if (c.maximize) g = -g;
+    if (c.has_wd) {
+      if (c.decoupled)
+        p = p * c.decay;
+      else
+        g = g + p * c.wd;
+    }
+    const V d = g - m;
+    m = c.lerp_low ? m + d * c.w_s : g - d * c.w_s;
+    std::memcpy(exp_avg + i, &m, sizeof m);
+    v = v * c.beta2 + (g * c.one_minus_beta2) * g;
+    std::memcpy(exp_avg_sq + i, &v, sizeof v);
+    if (c.amsgrad) {
+      V old;
+      std::memcpy(&old, max_exp_avg_sq + i, sizeof old);
+      v = (old != old) | (v != v) ? V{} + qnan : (old > v ? old : v);
+      std::memcpy(max_exp_avg_sq + i, &v, sizeof v);
+    }
+    const V denom = __builtin_ia32_sqrtps(v) * c.inv_bc2 + c.eps;
+    p = p + (m * c.neg_step) / denom;
+    std::memcpy(param + i, &p, sizeof p);
+  }
+  return i;
+}
+}  // namespace detail
+#endif
+
 // P: the parameter's element type, G: the gradient's, S: the state's (float or double).
 template <class P, class G, class S>
 void adam_step(const AdamStepArgs& a, P* param, G* grad, S* exp_avg, S* exp_avg_sq, S* max_exp_avg_sq) {
@@ -43,6 +101,14 @@ void adam_step(const AdamStepArgs& a, P* param, G* grad, S* exp_avg, S* exp_avg_
   const bool unscale = a.grad_unscale != 1.0;
   const calc_t<G> u = static_cast<calc_t<G>>(a.grad_unscale);
   parallel_for(0, a.n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
+#if defined(EMBER_ADAM_F32_LANES)
+    if constexpr (std::is_same_v<P, float> && std::is_same_v<G, float> && std::is_same_v<S, float>) {
+      const detail::AdamF32Consts c{decay,    wd,      w_s,    beta2,       one_minus_beta2,     inv_bc2,
+                                    eps,      neg_step, u,     a.decoupled, a.weight_decay != 0.0, lerp_low,
+                                    unscale,  a.maximize, a.amsgrad};
+      lo = detail::adam_step_f32_lanes(c, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi);
+    }
+#endif
     for (int64_t i = lo; i < hi; ++i) {
       S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
       S g = static_cast<S>(step_grad(grad, i, unscale, u));

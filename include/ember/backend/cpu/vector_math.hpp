@@ -67,6 +67,18 @@ struct Lanes<8> {
   using V = float __attribute__((vector_size(32)));
   using VI = int32_t __attribute__((vector_size(32)));
 };
+#if !defined(__clang__) && !defined(__CUDACC__)
+// 16 lanes (the AVX-512 copies below, GCC only). Not under nvcc: its C++ front end (cudafe++,
+// CUDA 13.0) crashes on 64-byte vector types. A .cu file therefore compiles these functions
+// without the AVX-512 copies; where it emits one (a header-only CPU backend used from a .cu
+// file), the linker may keep either definition, and both compute the same bits.
+#define EMBER_HAVE_LANES16 1
+template <>
+struct Lanes<16> {
+  using V = float __attribute__((vector_size(64)));
+  using VI = int32_t __attribute__((vector_size(64)));
+};
+#endif
 #endif
 
 #if defined(__GNUC__)
@@ -250,10 +262,17 @@ template <int kW, LaneOp kOp>
 }
 
 // Width by the build's target: 8 lanes with AVX; at the x86-64 baseline (SSE2, how Debian and
-// ember's CMake compile) 4 lanes, plus an AVX2 copy chosen at run time when the processor has it
-// (8 SSE2 lanes were lowered piecewise: 2.7x slower than 4). No FMA in the AVX2 copy, so every
-// copy computes the same bits. Measured (fast_expf over 1024 floats, this machine): scalar
-// 12 ns, 4 lanes 3.8-4 ns, 8 lanes with -march=native 1.3 ns per element.
+// ember's CMake compile) 4 lanes, plus copies chosen at run time (__builtin_cpu_supports): 16
+// lanes where the processor has AVX-512F (GCC only), else 8 where it has AVX2 (8 SSE2 lanes were
+// lowered piecewise: 2.7x slower than 4). No copy uses FMA, so every copy computes the same bits
+// (tested at every width the processor runs): AVX2 alone does not enable FMA, but AVX-512F has
+// fused multiply-adds on its 512-bit registers and GCC's gnu++20 default (-ffp-contract=fast)
+// would fuse `p * r + c` across statements, so the AVX-512 copies turn contraction off. Clang
+// contracts within one expression whatever the function's options, so it keeps the AVX2 copy
+// (and so does nvcc: see Lanes<16>).
+// Measured (fast_expf over 1024 floats, this machine): scalar 12 ns, 4 lanes 3.8-4 ns, 8 lanes
+// with -march=native 1.3 ns per element; 16 lanes against 8 on an AVX-512 Xeon: GELU forward and
+// backward and exp 1.5-2x faster (benchmarks/bench_fused: BM_gelu_tanh*, BM_softmax*).
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__AVX__)
 #define EMBER_EXP_AVX2_DISPATCH 1
 [[gnu::target("avx2")]] inline float exp_sub_sum_avx2(const float* x, float* y, int64_t n, float sub) {
@@ -268,11 +287,67 @@ inline bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
 }
+#if defined(EMBER_HAVE_LANES16)
+#define EMBER_EXP_AVX512_DISPATCH 1
+[[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] inline float exp_sub_sum_avx512(const float* x, float* y,
+                                                                                              int64_t n, float sub) {
+  return exp_sub_sum_lanes<16>(x, y, n, sub);
+}
+[[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] inline float row_max_avx512(const float* x, int64_t n) {
+  return row_max_lanes<16>(x, n);
+}
+template <LaneOp kOp>
+[[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] inline void map_avx512(const float* x, const float* gy,
+                                                                                     float* y, int64_t n) {
+  map_lanes<16, kOp>(x, gy, y, n);
+}
+inline bool cpu_has_avx512f() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+#endif
 #endif
 
-inline float exp_sub_sum(const float* x, float* y, int64_t n, float sub) {
+// The widest lanes this processor and build run, which exp_sub_sum, row_max and map_f32 use:
+// 16 (the AVX-512F copy), 8 (the AVX2 copy, or a build targeting AVX), 4 (SSE2); 1 without the
+// vector extensions.
+inline int lanes() {
+#if defined(EMBER_EXP_AVX512_DISPATCH)
+  if (cpu_has_avx512f()) return 16;
+#endif
 #if defined(EMBER_EXP_AVX2_DISPATCH)
-  if (cpu_has_avx2()) return exp_sub_sum_avx2(x, y, n, sub);
+  if (cpu_has_avx2()) return 8;
+  return 4;
+#elif defined(__AVX__)
+  return 8;
+#elif defined(__GNUC__)
+  return 4;
+#else
+  return 1;
+#endif
+}
+
+// Whether this processor and build run `width` lanes.
+inline bool runs_lanes(int width) {
+#if defined(EMBER_EXP_AVX512_DISPATCH)
+  if (width == 16) return cpu_has_avx512f();
+#endif
+#if defined(EMBER_EXP_AVX2_DISPATCH)
+  return width == 4 || (width == 8 && cpu_has_avx2());
+#else
+  return width == lanes();
+#endif
+}
+
+// The row functions at a given width: one this processor runs (runs_lanes), anything else
+// meaning lanes(). The widths compute the same bits; tests call each.
+inline float exp_sub_sum_at(int width, const float* x, float* y, int64_t n, float sub) {
+  if (!runs_lanes(width)) width = lanes();
+#if defined(EMBER_EXP_AVX512_DISPATCH)
+  if (width == 16) return exp_sub_sum_avx512(x, y, n, sub);
+#endif
+#if defined(EMBER_EXP_AVX2_DISPATCH)
+  if (width == 8) return exp_sub_sum_avx2(x, y, n, sub);
   return exp_sub_sum_lanes<4>(x, y, n, sub);
 #elif defined(__AVX__)
   return exp_sub_sum_lanes<8>(x, y, n, sub);
@@ -280,9 +355,13 @@ inline float exp_sub_sum(const float* x, float* y, int64_t n, float sub) {
   return exp_sub_sum_lanes<4>(x, y, n, sub);
 #endif
 }
-inline float row_max(const float* x, int64_t n) {
+inline float row_max_at(int width, const float* x, int64_t n) {
+  if (!runs_lanes(width)) width = lanes();
+#if defined(EMBER_EXP_AVX512_DISPATCH)
+  if (width == 16) return row_max_avx512(x, n);
+#endif
 #if defined(EMBER_EXP_AVX2_DISPATCH)
-  if (cpu_has_avx2()) return row_max_avx2(x, n);
+  if (width == 8) return row_max_avx2(x, n);
   return row_max_lanes<4>(x, n);
 #elif defined(__AVX__)
   return row_max_lanes<8>(x, n);
@@ -290,6 +369,26 @@ inline float row_max(const float* x, int64_t n) {
   return row_max_lanes<4>(x, n);
 #endif
 }
+template <LaneOp kOp>
+inline void map_f32_at(int width, const float* x, const float* gy, float* y, int64_t n) {
+  if (!runs_lanes(width)) width = lanes();
+#if defined(EMBER_EXP_AVX512_DISPATCH)
+  if (width == 16) return map_avx512<kOp>(x, gy, y, n);
+#endif
+#if defined(EMBER_EXP_AVX2_DISPATCH)
+  if (width == 8) return map_avx2<kOp>(x, gy, y, n);
+  map_lanes<4, kOp>(x, gy, y, n);
+#elif defined(__AVX__)
+  map_lanes<8, kOp>(x, gy, y, n);
+#else
+  map_lanes<4, kOp>(x, gy, y, n);
+#endif
+}
+
+inline float exp_sub_sum(const float* x, float* y, int64_t n, float sub) {
+  return exp_sub_sum_at(lanes(), x, y, n, sub);
+}
+inline float row_max(const float* x, int64_t n) { return row_max_at(lanes(), x, n); }
 
 // The lane width of this build (the vector paths exist only with GCC's vector extensions).
 #if defined(__GNUC__)
@@ -301,14 +400,7 @@ inline constexpr bool kHaveVectorMath = false;
 // y = op(x) over n floats (y may be x); with gy, gx = gy * op(x) (GeluTanhGrad).
 template <LaneOp kOp>
 inline void map_f32(const float* x, const float* gy, float* y, int64_t n) {
-#if defined(EMBER_EXP_AVX2_DISPATCH)
-  if (cpu_has_avx2()) return map_avx2<kOp>(x, gy, y, n);
-  map_lanes<4, kOp>(x, gy, y, n);
-#elif defined(__AVX__)
-  map_lanes<8, kOp>(x, gy, y, n);
-#else
-  map_lanes<4, kOp>(x, gy, y, n);
-#endif
+  map_f32_at<kOp>(lanes(), x, gy, y, n);
 }
 inline void relu_f32(const float* x, float* y, int64_t n) { map_f32<LaneOp::Relu>(x, nullptr, y, n); }
 inline void relu_backward_f32(const float* x, const float* gy, float* gx, int64_t n) {
