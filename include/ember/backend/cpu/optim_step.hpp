@@ -74,7 +74,7 @@ inline int64_t adam_step_f32_lanes(const AdamF32Consts& c, float* param, float* 
     if (c.amsgrad) {
       V old;
       std::memcpy(&old, max_exp_avg_sq + i, sizeof old);
-      v = (old != old) | (v != v) ? V{} + qnan : (old > v ? old : v);
+      v = ((old != old) | (v != v)) ? V{} + qnan : (old > v ? old : v);
       std::memcpy(max_exp_avg_sq + i, &v, sizeof v);
     }
     const V denom = __builtin_ia32_sqrtps(v) * c.inv_bc2 + c.eps;
