@@ -10,21 +10,15 @@
 namespace ember::op {
 
 namespace detail {
-// C = op(A) op(B) for A, B of rank 2 or 3 (a rank-2 operand is shared by every batch entry).
-inline AnyTensor mm_raw(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
+// C = op(A) op(B) + beta C into c, already of the product's shape, for A, B of rank 2 or 3 (a
+// rank-2 operand is shared by every batch entry) with a non-zero inner dimension.
+inline void gemm_into(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb, AnyTensor& c, double beta) {
   const Shape& as = a.shape();
   const Shape& bs = b.shape();
   const int64_t ar = as[as.dim() - 2], ac = as[as.dim() - 1];
   const int64_t br = bs[bs.dim() - 2], bc = bs[bs.dim() - 1];
   const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
   const int64_t batch = std::max(as.dim() == 3 ? as[0] : 1, bs.dim() == 3 ? bs[0] : 1);
-  Shape os = (as.dim() == 3 || bs.dim() == 3) ? Shape{batch, m, n} : Shape{m, n};
-  AnyTensor c = AnyTensor::empty(os, a.dtype(), a.device(), "matmul");
-  if (c.numel() == 0) return c;
-  if (k == 0) {
-    c.backend().fill(c.dtype(), c.data_ptr(), c.numel(), 0.0);
-    return c;
-  }
   GemmArgs g;
   g.dtype = a.dtype();
   g.trans_a = ta;
@@ -42,7 +36,26 @@ inline AnyTensor mm_raw(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb
   g.ldc = n;
   g.stride_c = m * n;
   g.batch = batch;
+  g.beta = beta;
   c.backend().gemm(g);
+}
+
+// C = op(A) op(B) for A, B of rank 2 or 3.
+inline AnyTensor mm_raw(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
+  const Shape& as = a.shape();
+  const Shape& bs = b.shape();
+  const int64_t ar = as[as.dim() - 2], ac = as[as.dim() - 1];
+  const int64_t br = bs[bs.dim() - 2], bc = bs[bs.dim() - 1];
+  const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
+  const int64_t batch = std::max(as.dim() == 3 ? as[0] : 1, bs.dim() == 3 ? bs[0] : 1);
+  Shape os = (as.dim() == 3 || bs.dim() == 3) ? Shape{batch, m, n} : Shape{m, n};
+  AnyTensor c = AnyTensor::empty(os, a.dtype(), a.device(), "matmul");
+  if (c.numel() == 0) return c;
+  if (k == 0) {
+    c.backend().fill(c.dtype(), c.data_ptr(), c.numel(), 0.0);
+    return c;
+  }
+  gemm_into(a, b, ta, tb, c, 0.0);
   return c;
 }
 
@@ -169,22 +182,7 @@ inline AnyTensor linear(const AnyTensor& x, const AnyTensor& w, const AnyTensor&
     if (in == 0) {
       if (!b.defined()) y2.backend().fill(y2.dtype(), y2.data_ptr(), y2.numel(), 0.0);
     } else {
-      GemmArgs g;
-      g.dtype = x.dtype();
-      g.trans_a = false;
-      g.trans_b = true;
-      g.m = rows;
-      g.n = out;
-      g.k = in;
-      g.a = x2.data_ptr();
-      g.lda = in;
-      g.b = w.data_ptr();
-      g.ldb = in;
-      g.c = y2.data_ptr();
-      g.ldc = out;
-      g.stride_c = rows * out;
-      g.beta = b.defined() ? 1.0 : 0.0;
-      y2.backend().gemm(g);
+      detail::gemm_into(x2, w, false, true, y2, b.defined() ? 1.0 : 0.0);
     }
   }
   AnyTensor y = y2.reshape(Shape(out_shape));
