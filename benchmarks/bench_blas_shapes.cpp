@@ -1,7 +1,10 @@
 // The BLAS on the transformer's GEMM shapes (issue 13): which library to link, and whether a
 // GELU applied to each block of rows right after the GEMM beats the GEMM then a GELU pass.
 // A plain main calling the Fortran sgemm_ symbol, so the same source links any BLAS:
-//   ./bench_blas_shapes [min seconds per shape, default 0.5] [--gelu-epilogue]
+//   ./bench_blas_shapes [min seconds per shape, default 0.5] [--gelu-epilogue] [--onednn]
+// --onednn: the same shapes through oneDNN's dnnl_sgemm instead (builds with oneDNN; the fp32
+// GEMM that backend/cpu/gemm.hpp chooses, docs/performance.md "GEMM through oneDNN"). Run the
+// two interleaved, OMP_NUM_THREADS=1 and 2.
 // CMake links the BLAS ember found (Debian's OpenBLAS). Against MKL from PyPI (`pip download mkl
 // intel-openmp`, wheels unzipped under $MKL) the same file builds with
 //   g++ -O2 -std=c++20 -I include benchmarks/bench_blas_shapes.cpp -o bench_blas_shapes_mkl \
@@ -16,12 +19,17 @@
 #include <vector>
 
 #include "ember/backend/cpu/vector_math.hpp"
+#if defined(EMBER_HAVE_ONEDNN)
+#include <dnnl.h>
+#endif
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
                        const float* beta, float* c, const int* ldc);
 
 namespace {
+
+bool use_onednn = false;
 
 struct GemmShape {
   const char* name;
@@ -36,6 +44,12 @@ void gemm_rm(bool ta, bool tb, int m, int n, int k, const float* a, const float*
   const char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';
   const int lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   const float alpha = 1.0f;
+#if defined(EMBER_HAVE_ONEDNN)
+  if (use_onednn) {
+    dnnl_sgemm(tA, tB, m, n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
+    return;
+  }
+#endif
   sgemm_(&tB, &tA, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
 }
 
@@ -126,6 +140,14 @@ int main(int argc, char** argv) {
   bool epilogue = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--gelu-epilogue") == 0) epilogue = true;
+    else if (std::strcmp(argv[i], "--onednn") == 0) {
+#if defined(EMBER_HAVE_ONEDNN)
+      use_onednn = true;
+#else
+      std::fprintf(stderr, "bench_blas_shapes: built without oneDNN, --onednn is not available\n");
+      return 2;
+#endif
+    }
     else min_time = std::atof(argv[i]);
   }
   if (epilogue) gelu_epilogue(min_time);

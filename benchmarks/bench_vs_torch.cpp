@@ -5,7 +5,7 @@
 // Run: ./bench_vs_torch --threads N [--min-time S] [--only NAME]
 // Prints one line per workload: "<name> <threads> <median seconds per call>", then
 // "copy_GBps <threads> <GB/s>" (a STREAM-like copy of 64 MB, read + write bytes counted, on N
-// std::threads) and "blas_core <name>".
+// std::threads), "blas_core <name>" and (trees that have it) "gemm_library <description>".
 // Timing rule (both twins): one warm-up call, then calls until min-time seconds and at least 3 calls;
 // the median call is reported.
 #include <algorithm>
@@ -23,6 +23,9 @@
 #if __has_include(<ember/backend/cpu/parallel.hpp>)
 #include <ember/backend/cpu/parallel.hpp>
 #define EMBER_BENCH_HAVE_THREADS 1
+#endif
+#if __has_include(<ember/backend/cpu/gemm_choice.hpp>)
+#include <ember/backend/cpu/gemm_choice.hpp>
 #endif
 
 using namespace ember;
@@ -205,6 +208,9 @@ int main(int argc, char** argv) {
 #if defined(EMBER_BENCH_HAVE_THREADS)
   set_num_threads(threads);
   std::printf("blas_core %s\n", blas_core_name().empty() ? "none" : blas_core_name().c_str());
+#if defined(EMBER_CPU_HAVE_SGEMM_LIBRARIES)
+  std::printf("gemm_library %s\n", cpu::sgemm_libraries());
+#endif
 #else
   // An ember without set_num_threads: its kernels are serial; OpenBLAS follows OPENBLAS_NUM_THREADS
   // (vs_torch.sh sets it).

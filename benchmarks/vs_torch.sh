@@ -56,10 +56,14 @@ python3 - "$out/results" "$threads" <<'EOF'
 import statistics, sys
 rows = {}
 cores = {}
+gemms = {}
 for line in open(sys.argv[1]):
     f = line.split()
     if f[1] == "blas_core":
         cores[f[0]] = f[2]
+        continue
+    if f[1] == "gemm_library":
+        gemms[f[0]] = " ".join(f[2:])
         continue
     rows.setdefault((f[0], f[1], int(f[2])), []).append(float(f[3]))
 threads = [int(t) for t in sys.argv[2].split()]
@@ -70,6 +74,8 @@ for k in rows:
     if k[1] not in names and k[1] != "copy_GBps":
         names.append(k[1])
 print("BLAS kernel (openblas_get_corename): " + ", ".join(f"{p}: {c}" for p, c in cores.items()))
+if gemms:
+    print("fp32 GEMM: " + ", ".join(f"{p}: {g}" for p, g in gemms.items()))
 hdr = "| workload | " + " | ".join(f"{p} s ({t}t)" for t in threads for p in progs)
 hdr += " | " + " | ".join(f"torch/ember ({t}t)" for t in threads)
 if "before" in progs:

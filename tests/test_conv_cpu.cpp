@@ -12,6 +12,8 @@
 #include "ember/backend/cpu/pool.hpp"
 #include <catch2/catch.hpp>
 
+#include "ember/backend/cpu/gemm_choice.hpp"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -260,9 +262,16 @@ TEST_CASE("CPU conv2d: ember's threading of im2col + GEMM keeps the bits, and so
 #endif
       auto i2 = run_conv(Path::Im2col, af, xf, wf, gyf);
       auto d2 = run_conv(Path::Im2col, d.a, d.x, d.w, d.gy);
+#if defined(EMBER_CPU_GEMM_ONEDNN)
+      // The fp32 GEMM is oneDNN's, threaded by ember's count (not OpenBLAS's), and it may split K
+      // over the 2 threads (backend/cpu/gemm.hpp): fp32 is held to the tolerance at each thread
+      // count by the first test case; ember's own threading is shown bitwise by fp64 (OpenBLAS).
+      WARN("fp32 im2col bits across thread counts not compared: the fp32 GEMM is oneDNN's");
+#else
       CHECK(i1.y == i2.y);
       CHECK(i1.gx == i2.gx);
       CHECK(i1.gw == i2.gw);
+#endif
       CHECK(d1.y == d2.y);
       CHECK(d1.gx == d2.gx);
       CHECK(d1.gw == d2.gw);

@@ -5,10 +5,14 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "ember/backend/cpu/gemm_choice.hpp"
+#include "ember/backend/cpu/parallel.hpp"
 #include "test_util.hpp"
 
 using namespace ember;
@@ -465,4 +469,122 @@ TEST_CASE("linear bad input: each a clear error naming the op and the shapes or 
                   DTypeError);
   CHECK_THROWS_AS(op::linear(AnyTensor(), w), ValueError);
   CHECK_THROWS_AS(op::linear(x, AnyTensor()), ValueError);
+}
+
+namespace {
+// The fp32 GEMM through whichever library sgemm_uses_onednn picks, on raw buffers: C prefilled
+// with NaN where beta = 0 (a library that read C would give NaN), gaps in every leading dimension.
+struct RawGemm {
+  bool ta, tb;
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+std::vector<float> run_raw_gemm(const RawGemm& r, const std::vector<float>& a, const std::vector<float>& b,
+                                std::vector<float> c) {
+  GemmArgs g;
+  g.dtype = DType::Float32;
+  g.trans_a = r.ta;
+  g.trans_b = r.tb;
+  g.m = r.m;
+  g.n = r.n;
+  g.k = r.k;
+  g.lda = (r.ta ? r.m : r.k) + 3;
+  g.ldb = (r.tb ? r.k : r.n) + 1;
+  g.ldc = r.n + 2;
+  g.alpha = r.alpha;
+  g.beta = r.beta;
+  g.a = a.data();
+  g.b = b.data();
+  g.c = c.data();
+  cpu_backend().gemm(g);
+  return c;
+}
+}  // namespace
+
+TEST_CASE("fp32 GEMM through the chosen library (oneDNN or the BLAS): values, beta = 0 over NaN, strides, "
+          "1 to 3 threads, inside a parallel region, the same bits on every run",
+          "[linalg][backend][threads]") {
+  INFO("fp32 GEMM: " << cpu::sgemm_libraries());
+#if defined(EMBER_HAVE_ONEDNN) && defined(EMBER_ONEDNN_GEMM)
+  CHECK(std::string(cpu::sgemm_libraries()).find("oneDNN") != std::string::npos);
+  CHECK(cpu::sgemm_uses_onednn(false, 2));
+  CHECK(cpu::sgemm_uses_onednn(true, 1));
+#else
+  CHECK(!cpu::sgemm_uses_onednn(false, 1));
+#endif
+  const int saved = get_num_threads();
+  // Shapes where oneDNN takes different paths: GEMV-like (m or n = 1), small M with a long K (its
+  // K split across threads), the transformer's, odd sizes.
+  const RawGemm cases[] = {
+      {false, true, 96, 160, 64, 1.0f, 0.0f},  {true, false, 80, 64, 300, 1.0f, 0.0f},
+      {false, false, 1, 200, 3000, 1.0f, 0.0f}, {true, true, 150, 1, 700, 0.5f, 0.0f},
+      {false, true, 16, 300, 1024, 1.0f, 1.0f}, {true, false, 7, 5, 3, -2.0f, 0.25f},
+      {false, false, 33, 65, 129, 1.0f, 1.0f},  {true, true, 64, 48, 2000, 1.5f, 0.0f},
+  };
+  for (const RawGemm& r : cases) {
+    INFO("trans_a " << r.ta << " trans_b " << r.tb << " m " << r.m << " n " << r.n << " k " << r.k << " beta "
+                    << r.beta);
+    const int64_t lda = (r.ta ? r.m : r.k) + 3, ldb = (r.tb ? r.k : r.n) + 1, ldc = r.n + 2;
+    std::vector<double> av = vals(rand1({(r.ta ? r.k : r.m) * lda}, 41));
+    std::vector<double> bv = vals(rand1({(r.tb ? r.n : r.k) * ldb}, 42));
+    std::vector<double> cv = vals(rand1({r.m * ldc}, 43));
+    std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end()), c0(cv.begin(), cv.end());
+    av.assign(a.begin(), a.end());  // the reference sees the fp32-rounded inputs
+    bv.assign(b.begin(), b.end());
+    cv.assign(c0.begin(), c0.end());
+    if (r.beta == 0.0f)
+      for (float& x : c0) x = std::numeric_limits<float>::quiet_NaN();
+    GemmArgs g;
+    g.trans_a = r.ta;
+    g.trans_b = r.tb;
+    g.m = r.m;
+    g.n = r.n;
+    g.k = r.k;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = ldc;
+    g.alpha = r.alpha;
+    g.beta = r.beta;
+    std::vector<double> want = ref_gemm(g, av, bv, cv);
+    // Where beta = 0 the gaps between rows keep the NaN prefill; the matrix must be finite.
+    for (int threads : {1, 2, 3}) {
+      INFO("threads " << threads);
+      set_num_threads(threads);
+      const std::vector<float> got = run_raw_gemm(r, a, b, c0);
+      for (int64_t i = 0; i < r.m; ++i)
+        for (int64_t j = 0; j < r.n; ++j) {
+          const size_t at = static_cast<size_t>(i * ldc + j);
+          double scale = std::abs(r.beta * cv[at]);
+          for (int64_t p = 0; p < r.k; ++p) {
+            const double x = r.ta ? av[static_cast<size_t>(p * lda + i)] : av[static_cast<size_t>(i * lda + p)];
+            const double y = r.tb ? bv[static_cast<size_t>(j * ldb + p)] : bv[static_cast<size_t>(p * ldb + j)];
+            scale += std::abs(r.alpha * x * y);
+          }
+          if (!(std::abs(got[at] - want[at]) <= 1e-6 * (1 + scale))) {
+            FAIL_CHECK("C[" << i << ", " << j << "] = " << got[at] << ", want " << want[at]);
+            break;
+          }
+        }
+      for (int64_t i = 0; i < r.m; ++i)  // the gaps past each row's n columns are untouched
+        for (int64_t j = r.n; j < ldc && i * ldc + j < static_cast<int64_t>(got.size()); ++j) {
+          const size_t at = static_cast<size_t>(i * ldc + j);
+          CHECK((std::isnan(got[at]) ? std::isnan(c0[at]) : got[at] == c0[at]));
+        }
+      // The same bits on a second run at this thread count.
+      const std::vector<float> again = run_raw_gemm(r, a, b, c0);
+      CHECK(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) == 0);
+    }
+    // Inside a parallel region (a kernel's chunk) the library runs on the calling thread: the
+    // 1-thread bits.
+    set_num_threads(1);
+    const std::vector<float> one = run_raw_gemm(r, a, b, c0);
+    set_num_threads(2);
+    std::vector<std::vector<float>> nested(2);
+    cpu::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t q = lo; q < hi; ++q) nested[static_cast<size_t>(q)] = run_raw_gemm(r, a, b, c0);
+    });
+    for (const auto& v : nested) CHECK(std::memcmp(v.data(), one.data(), one.size() * sizeof(float)) == 0);
+  }
+  set_num_threads(saved);
 }

@@ -195,7 +195,9 @@ void step_and_compare(nn::Sequential& local, nn::Sequential& whole, const Tensor
   auto pl = local.parameters(), pw = whole.parameters();
   for (size_t p = 0; p < pl.size(); ++p) {
     const double e = relative_error(pl[p].grad(), pw[p].grad());
-    expect(e <= 1e-6, what + ": gradient of parameter " + std::to_string(p) + ": relative error " + std::to_string(e),
+    // fp32, the slices' gradients summed against the whole batch's: another summation order (the
+    // GEMM library's blocking included: oneDNN's sgemm gave 1e-6 where OpenBLAS gave less).
+    expect(e <= 3e-6, what + ": gradient of parameter " + std::to_string(p) + ": relative error " + std::to_string(e),
            r);
   }
   optim::SGD a(local.parameters(), {.lr = 0.1}), b(whole.parameters(), {.lr = 0.1});

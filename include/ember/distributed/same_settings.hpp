@@ -10,6 +10,7 @@
 // What is compared (local_numeric_settings()): ember's version, the thread count of ember's CPU
 // kernels (ember::get_num_threads), OpenBLAS's thread count and the kernel it chose for this CPU
 // (when the program links OpenBLAS), whether OpenMP, a CBLAS, oneDNN and CUDA are compiled in,
+// which library the CPU's fp32 GEMM uses (backend/cpu/gemm.hpp),
 // and the environment variables of numeric_env_vars() (BLAS kernel selection and threads, OpenMP
 // threads, MKL's reproducibility settings, oneDNN's ISA and fp-math mode, TF32 on NVIDIA GPUs).
 //
@@ -32,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/backend/cpu/gemm_choice.hpp"
 #include "ember/backend/cpu/parallel.hpp"
 #include "ember/core/error.hpp"
 #include "ember/distributed/process_group.hpp"
@@ -89,6 +91,7 @@ inline NumericSettings local_numeric_settings() {
   s.push_back({"compiled with CBLAS", yes_no(cblas)});
   s.push_back({"compiled with oneDNN", yes_no(onednn)});
   s.push_back({"compiled with CUDA", yes_no(cuda)});
+  s.push_back({"CPU fp32 GEMM", std::string(cpu::sgemm_libraries())});
   for (const std::string& v : numeric_env_vars()) {
     const char* e = std::getenv(v.c_str());
     s.push_back({v, e ? std::optional<std::string>(e) : std::nullopt});

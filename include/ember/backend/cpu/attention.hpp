@@ -15,8 +15,9 @@
 //   gv += P^T gout,  dP = gout V^T,  dS = P * (dP - delta),  gq += scale dS K,  gk += scale dS^T Q
 // (five small GEMMs). Work is threaded over heads only: a single head runs on one thread.
 //
-// The small GEMMs go through gemm_one (OpenBLAS when present; inside ember's parallel region
-// OpenBLAS's OpenMP build stays on the calling thread). fp32 uses detail::fast_expf like
+// The small GEMMs go through gemm_typed (fp32: oneDNN's sgemm in builds with it, else OpenBLAS;
+// inside ember's parallel region both stay on the calling thread; 1 thread, 6 interleaved runs:
+// attention forward + backward 7.5 against 9.5 ms with OpenBLAS, docs/performance.md). fp32 uses detail::fast_expf like
 // softmax; fp64 std::exp. The CUDA twin is backend/cuda/kernels/attention.cuh.
 #include <algorithm>
 #include <cmath>
@@ -122,8 +123,8 @@ void attention_forward(const AttentionArgs& a, const T* q, const T* k, const T* 
       const int64_t key_end = detail::attention_key_end(a, i0 + rows);
       for (int64_t j0 = 0; j0 < key_end; j0 += kAttnKeyBlock) {
         const int64_t cols = std::min(kAttnKeyBlock, key_end - j0);
-        gemm_one<T>(false, true, rows, cols, D, static_cast<T>(a.scale), qb, D, kb + j0 * D, D, T(0), s.data(),
-                    kAttnKeyBlock);
+        gemm_typed<T>(false, true, rows, cols, D, static_cast<T>(a.scale), qb, D, kb + j0 * D, D, T(0), s.data(),
+                      kAttnKeyBlock, true);
         detail::attention_mask_block(a, mask, b, i0, rows, j0, cols, s.data(), kAttnKeyBlock);
         for (int64_t r = 0; r < rows; ++r) {
           T* sr = s.data() + r * kAttnKeyBlock;
@@ -142,8 +143,8 @@ void attention_forward(const AttentionArgs& a, const T* q, const T* k, const T* 
           if (alpha != T(1))
             for (int64_t d = 0; d < Dv; ++d) ar[d] *= alpha;
         }
-        gemm_one<T>(false, false, rows, Dv, cols, T(1), s.data(), kAttnKeyBlock, vb + j0 * Dv, Dv, T(1), acc.data(),
-                    Dv);
+        gemm_typed<T>(false, false, rows, Dv, cols, T(1), s.data(), kAttnKeyBlock, vb + j0 * Dv, Dv, T(1), acc.data(),
+                      Dv, true);
       }
       for (int64_t r = 0; r < rows; ++r) {
         const T lr = l[static_cast<size_t>(r)];
@@ -196,8 +197,8 @@ EMBER_OMP_SIMD(reduction(+ : dot))
         const int64_t key_end = detail::attention_key_end(a, i0 + rows);
         for (int64_t j0 = 0; j0 < key_end; j0 += kAttnKeyBlock) {
           const int64_t cols = std::min(kAttnKeyBlock, key_end - j0);
-          gemm_one<T>(false, true, rows, cols, D, static_cast<T>(a.scale), qb + i0 * D, D, kb + j0 * D, D, T(0),
-                      p.data(), kAttnKeyBlock);
+          gemm_typed<T>(false, true, rows, cols, D, static_cast<T>(a.scale), qb + i0 * D, D, kb + j0 * D, D, T(0),
+                        p.data(), kAttnKeyBlock, true);
           detail::attention_mask_block(a, mask, b, i0, rows, j0, cols, p.data(), kAttnKeyBlock);
           for (int64_t r = 0; r < rows; ++r) {
             T* pr = p.data() + r * kAttnKeyBlock;
@@ -207,20 +208,20 @@ EMBER_OMP_SIMD(reduction(+ : dot))
             std::fill(pr + cend, pr + cols, T(0));  // exp(-inf - lse) (a row with lse = -inf is NaN where open)
           }
           // gv[j] += sum_i p[i, j] gout[i]
-          gemm_one<T>(true, false, cols, Dv, rows, T(1), p.data(), kAttnKeyBlock, gob + i0 * Dv, Dv, T(1),
-                      gvb + j0 * Dv, Dv);
+          gemm_typed<T>(true, false, cols, Dv, rows, T(1), p.data(), kAttnKeyBlock, gob + i0 * Dv, Dv, T(1),
+                        gvb + j0 * Dv, Dv, true);
           // dp = gout V^T, then ds = p * (dp - delta) in place
-          gemm_one<T>(false, true, rows, cols, Dv, T(1), gob + i0 * Dv, Dv, vb + j0 * Dv, Dv, T(0), dp.data(),
-                      kAttnKeyBlock);
+          gemm_typed<T>(false, true, rows, cols, Dv, T(1), gob + i0 * Dv, Dv, vb + j0 * Dv, Dv, T(0), dp.data(),
+                        kAttnKeyBlock, true);
           for (int64_t r = 0; r < rows; ++r) {
             const T* pr = p.data() + r * kAttnKeyBlock;
             T* dr = dp.data() + r * kAttnKeyBlock;
             detail::attention_row_ds(pr, dr, cols, static_cast<T>(db[i0 + r]));
           }
-          gemm_one<T>(false, false, rows, D, cols, static_cast<T>(a.scale), dp.data(), kAttnKeyBlock, kb + j0 * D, D,
-                      T(1), gqb + i0 * D, D);
-          gemm_one<T>(true, false, cols, D, rows, static_cast<T>(a.scale), dp.data(), kAttnKeyBlock, qb + i0 * D, D,
-                      T(1), gkb + j0 * D, D);
+          gemm_typed<T>(false, false, rows, D, cols, static_cast<T>(a.scale), dp.data(), kAttnKeyBlock, kb + j0 * D, D,
+                        T(1), gqb + i0 * D, D, true);
+          gemm_typed<T>(true, false, cols, D, rows, static_cast<T>(a.scale), dp.data(), kAttnKeyBlock, qb + i0 * D, D,
+                        T(1), gkb + j0 * D, D, true);
         }
       }
     }
