@@ -15,10 +15,10 @@
 //   gv += P^T gout,  dP = gout V^T,  dS = P * (dP - delta),  gq += scale dS K,  gk += scale dS^T Q
 // (five small GEMMs). Work is threaded over heads only: a single head runs on one thread.
 //
-// The small GEMMs go through gemm_typed (fp32: oneDNN's sgemm in builds with it, else OpenBLAS;
-// inside ember's parallel region both stay on the calling thread; 1 thread, 6 interleaved runs:
-// attention forward + backward 7.5 against 9.5 ms with OpenBLAS, docs/performance.md). fp32 uses detail::fast_expf like
-// softmax; fp64 std::exp. The CUDA twin is backend/cuda/kernels/attention.cuh.
+// The small GEMMs go through gemm_typed on the calling thread (fp32: oneDNN's sgemm in builds
+// with it, else OpenBLAS; 1 thread, 6 interleaved runs: attention forward + backward 7.5 against
+// 9.5 ms with OpenBLAS, docs/performance.md). fp32 uses detail::fast_expf like softmax; fp64
+// std::exp. The CUDA twin is backend/cuda/kernels/attention.cuh.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -55,13 +55,13 @@ inline bool sgemm_onednn(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
   // and put back, so that a program's own OpenMP or OpenBLAS setting is left as it was.
   const int before = omp_in_parallel() ? threads : omp_get_max_threads();
   if (before != threads) omp_set_num_threads(threads);
+#endif
   const bool ok = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) ==
                   dnnl_success;
+#if defined(_OPENMP)
   if (before != threads) omp_set_num_threads(before);
-  return ok;
-#else
-  return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success;
 #endif
+  return ok;
 }
 #endif
 }  // namespace detail
