@@ -168,6 +168,18 @@ double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) 
   return m;
 }
 
+// max_rel_diff after forgiving each element one rounding step of a `mantissa_bits` format at |b|:
+// two fp32 results that differ in their last bits can round to neighbouring fp16/bf16 values.
+double max_rel_diff_beyond_ulp(const std::vector<double>& a, const std::vector<double>& b, int mantissa_bits) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double ulp = b[i] == 0 ? 0 : std::ldexp(1.0, std::ilogb(b[i]) - mantissa_bits);
+    m = std::max(m, std::max(0.0, std::abs(a[i] - b[i]) - ulp) / (1.0 + std::abs(b[i])));
+  }
+  return m;
+}
+
 template <class T>
 std::vector<T> to_vec(const AnyTensor& t) {
   std::vector<T> v(static_cast<size_t>(t.numel()));
@@ -720,7 +732,15 @@ TEST_CASE("parity: fused cross_entropy, CPU versus CUDA", "[fused][cuda][parity]
         auto c = run(Device::cpu()), g = run(Device::cuda(0));
         INFO(dtype_name(t) << " " << rows << "x" << classes << " smoothing " << sm);
         REQUIRE(max_rel_diff(g[0], c[0]) < tol);
-        REQUIRE(max_rel_diff(g[1], c[1]) < tol);
+        // The gradient is stored in the logits' dtype: the fp32 gradients differ in their last
+        // bits, so an fp16/bf16 element may round one step apart (seen on the H200, 2026-12-04:
+        // bf16 5x50000, 3.04e-5 without this allowance).
+        const int mantissa = t == DType::Float16 ? 10 : t == DType::BFloat16 ? 7 : 0;
+        if (mantissa > 0) {
+          REQUIRE(max_rel_diff_beyond_ulp(g[1], c[1], mantissa) < tol);
+        } else {
+          REQUIRE(max_rel_diff(g[1], c[1]) < tol);
+        }
       }
     }
   }

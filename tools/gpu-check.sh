@@ -27,7 +27,8 @@
 # Environment: OUT (default ./gpu-check-out), EMBER_GPU_BUILD_DIR (build-gpu; dry run: build-gpu-dry),
 # EMBER_GPU_JOBS (all cores), EMBER_GPU_DEADLINE (seconds, 520), EMBER_GPU_PYTHON (the Python with
 # PyTorch; default: python3 on PATH), EMBER_TEST_TIMEOUT (per test, 120),
-# EMBER_BENCH_TIMEOUT (per benchmark program, 90), EMBER_ALLREDUCE_MAX_BYTES (16M), CUDNN_ROOT /
+# EMBER_BENCH_TIMEOUT (per benchmark program, 90), EMBER_GPU_BENCH_PROGRAMS (the benchmark programs
+# to run, space-separated; default all), EMBER_ALLREDUCE_MAX_BYTES (16M), CUDNN_ROOT /
 # NCCL_ROOT (skip the search), EMBER_CMAKE_ARGS (extra configure arguments), and the data paths
 # EMBER_DIGITS_CSV, EMBER_TEXT_DIR, EMBER_FASHION_MNIST_DIR (default: .device-data when carried).
 set -u -o pipefail
@@ -73,6 +74,14 @@ prepare() { # prepare DEPS_DIR DATA_DIR
   cp -a /usr/include/zlib.h /usr/include/zconf.h "$deps/usr/include/"
   ln -sfn /lib/x86_64-linux-gnu/libz.so.1 "$deps/usr/lib/libz.so"
   cp -a "$deps"/usr/. "$deps"/ && rm -rf "${deps:?}"/usr
+  # Debian keeps some headers in the multiarch folder (libjpeg-turbo's jconfig.h, which defines
+  # JPEG_LIB_VERSION): put them beside the rest, or jpeglib.h from the prefix picks up the GPU
+  # machine's own /usr/include/x86_64-linux-gnu/jconfig.h (Ubuntu's libjpeg 8) and the library
+  # carried (62) refuses the caller ("Wrong JPEG library version", seen on the H200 2026-12-04).
+  local multiarch
+  for multiarch in "$deps"/include/*-linux-gnu; do
+    [[ -d $multiarch ]] && cp -a "$multiarch"/. "$deps"/include/
+  done
   # The data the examples read from Debian packages here (docs/gpu-status.md).
   local digits=/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz
   [[ -f $digits ]] && cp -a "$digits" "$data/digits.csv.gz"
@@ -556,6 +565,12 @@ for exe in "$build"/benchmarks/bench_*; do
   [[ -x $exe && -f $exe ]] || continue
   # Google Benchmark programs only (the plain-main ones take other arguments): those linked with it.
   [[ $(ldd "$exe" 2>/dev/null) == *libbenchmark.so* ]] || continue
+  # EMBER_GPU_BENCH_PROGRAMS="bench_core bench_layers": only these (a second run in the same
+  # session, when the device time left is short).
+  if [[ -n ${EMBER_GPU_BENCH_PROGRAMS:-} && " $EMBER_GPU_BENCH_PROGRAMS " != *" ${exe##*/} "* ]]; then
+    record "bench ${exe##*/}" skipped 0 "not in EMBER_GPU_BENCH_PROGRAMS"
+    continue
+  fi
   programs+=("${exe##*/}")
 done
 shopt -u nullglob
@@ -598,6 +613,10 @@ if ((built)); then
       else
         record "bench $name" FAILED $((SECONDS - t0)) "exit $rc ($name.log)"
       fi
+      continue
+    fi
+    if ((rc == 0)) && grep -q 'Failed to match any benchmarks\|No benchmarks' "$work/$name.log"; then
+      record "bench $name" skipped $((SECONDS - t0)) "no _cuda cases (a CPU-only program)"
       continue
     fi
     if ((rc != 0)) || [[ ! -s $json ]]; then
