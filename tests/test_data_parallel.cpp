@@ -746,8 +746,11 @@ TEST_CASE("DataParallel gradient_as_bucket_view: the same gradients and steps as
 }
 
 TEST_CASE("DataParallel gradient_as_bucket_view: a gradient arriving twice in one backward is a clear error", "[dist]") {
-  // l1 is used inside a checkpointed segment and outside it: its gradient arrives in the nested
-  // backward and again in the outer one, after its bucket's all_reduce started.
+  // l1 is used inside a checkpointed segment and outside it: its gradient arrives first from the
+  // outer use (which completes its bucket and starts the all_reduce), then again in the nested
+  // backward of the segment's recomputation. The error must come before that second gradient is
+  // added into the bucket, which the other ranks are reducing: every rank's .grad ends as the
+  // average of the first arrivals (the outer use's gradients), uncorrupted.
   struct Net : nn::Module {
     std::shared_ptr<nn::Linear> l1;
     Net() { l1 = register_module("l1", std::make_shared<nn::Linear>(4, 4)); }
@@ -758,9 +761,16 @@ TEST_CASE("DataParallel gradient_as_bucket_view: a gradient arriving twice in on
     }
   };
   const int world = 2;
+  // Two runs with views: the ranks free-running, then ordered: rank 1 starts its backward only
+  // once rank 0's has thrown, so rank 1's arrival reduces rank 0's bucket after rank 0's second
+  // arrival (a gradient added into that bucket would show in both ranks' averages).
+  const int runs = 2;
   auto groups = dist::ThreadProcessGroup::create(world);
-  std::vector<std::string> messages(world);
+  std::vector<std::string> messages(world * runs);
   std::vector<int> plain_ok(world, 0);
+  std::vector<std::shared_ptr<Net>> nets(world * runs);  // outlive the ranks: their .grad views hold the averages
+  std::vector<std::vector<double>> colsum(world * runs);  // the outer use's input, summed over the batch
+  std::atomic<bool> rank0_thrown{false};
   rethrow_any(run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
     auto x = FloatTensor::full({2, 4}, 0.5 + r);
     {
@@ -769,19 +779,51 @@ TEST_CASE("DataParallel gradient_as_bucket_view: a gradient arriving twice in on
       op::sum(dp(x)).backward();
       plain_ok[r] = net->l1->weight.grad().defined() ? 1 : 0;
     }
-    auto net = std::make_shared<Net>();
-    dist::DataParallel dp(net, g, {.gradient_as_bucket_view = true});
-    try {
-      op::sum(dp(x)).backward();
-    } catch (const ValueError& e) {
-      messages[r] = e.what();
+    for (int run = 0; run < runs; ++run) {
+      const size_t slot = static_cast<size_t>(run * world + r);
+      auto net = nets[slot] = std::make_shared<Net>();
+      dist::DataParallel dp(net, g, {.gradient_as_bucket_view = true});  // rank 0's weights everywhere
+      {
+        NoGradGuard no_grad;
+        const auto h = op::tanh(net->l1->forward_any(x)).to_double_vector();
+        colsum[slot].assign(4, 0.0);
+        for (size_t i = 0; i < h.size(); ++i) colsum[slot][i % 4] += h[i];
+      }
+      if (run == 1 && r == 1) {  // bounded: a rank 0 that waited for rank 1 would fail the checks, not hang
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!rank0_thrown.load() && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      try {
+        op::sum(dp(x)).backward();
+      } catch (const ValueError& e) {
+        messages[slot] = e.what();
+      }
+      if (run == 1 && r == 0) rank0_thrown.store(true);
     }
   }));
-  for (int r = 0; r < world; ++r) {
-    CHECK(plain_ok[r] == 1);
-    CHECK_THAT(messages[r], Catch::Matchers::Contains("gradient_as_bucket_view") &&
-                                Catch::Matchers::Contains("l1.") &&
-                                Catch::Matchers::Contains("arrived a second time"));
+  for (int r = 0; r < world; ++r) CHECK(plain_ok[r] == 1);
+  for (int run = 0; run < runs; ++run) {
+    // d sum(h W^T + b) / dW[o][j] = sum over the batch of h[.][j]; / db[o] = 2 (the batch's rows).
+    std::vector<double> expect(4, 0.0);
+    for (int r = 0; r < world; ++r)
+      for (size_t j = 0; j < 4; ++j) expect[j] += colsum[static_cast<size_t>(run * world + r)][j] / world;
+    for (int r = 0; r < world; ++r) {
+      INFO("run " << run << ", rank " << r);
+      const size_t slot = static_cast<size_t>(run * world + r);
+      CHECK_THAT(messages[slot], Catch::Matchers::Contains("gradient_as_bucket_view") &&
+                                     Catch::Matchers::Contains("l1.") &&
+                                     Catch::Matchers::Contains("arrived a second time"));
+      const AnyTensor gw = nets[slot]->l1->weight.grad(), gb = nets[slot]->l1->bias.grad();
+      REQUIRE(gw.defined());
+      REQUIRE(gb.defined());
+      const auto w = gw.to_double_vector(), b = gb.to_double_vector();
+      double werr = 0.0, berr = 0.0;
+      for (size_t i = 0; i < w.size(); ++i) werr = std::max(werr, std::abs(w[i] - expect[i % 4]));
+      for (double v : b) berr = std::max(berr, std::abs(v - 2.0));
+      CHECK(werr <= 1e-5);
+      CHECK(berr <= 1e-6);
+    }
   }
 }
 

@@ -42,6 +42,11 @@
 //   average is unchanged; it costs a second round of communication).
 // - A gradient that arrives again after its bucket was sent (a parameter used both inside and
 //   outside a checkpointed segment) marks the bucket for a second all_reduce at the end.
+//   With gradient_as_bucket_view that is an error instead, raised before the second gradient
+//   touches the bucket: while a bucket's all_reduce is in flight its views are taken off the
+//   parameters (.grad reads as undefined until the end of backward), so that a second arrival
+//   asks for a gradient destination and gets the error there, rather than adding into a buffer the
+//   other ranks are reading (and the group is writing the average into).
 // - Every rank must run the same sequence of backward passes (same graph shape): collectives are
 //   matched by order. A rank that diverges or stops makes the others raise DistributedError when
 //   ProcessGroupOptions::timeout passes (thrown out of backward()).
@@ -69,7 +74,10 @@ struct DataParallelOptions {
   // passes over every gradient per step (the copy into the bucket, the copy back).
   // Caveats, as in torch: a .grad kept across steps is overwritten by the next backward, and a
   // parameter whose gradient arrives twice in one backward (used both inside and outside a
-  // checkpointed segment) is an error.
+  // checkpointed segment) is an error (a ValueError raised before the second gradient is added
+  // into the bucket, which the other ranks may be reading). While a bucket's all_reduce is in
+  // flight during backward, its parameters' .grad reads as undefined (the buffer is being
+  // reduced); at the end of backward .grad is the view again, holding the average.
   bool gradient_as_bucket_view = false;
   // At construction the ranks compare the settings that change numerics (ember's version, thread
   // counts, the BLAS kernel, OPENBLAS_CORETYPE, OMP_NUM_THREADS, ...: distributed/same_settings.hpp):
@@ -123,6 +131,7 @@ class DataParallel {
         st.names.push_back(it->first);
       }
     st.ready.assign(st.params.size(), false);
+    st.parked.assign(st.params.size(), false);
     st.bucket_of.assign(st.params.size(), 0);
     for (size_t i = 0; i < st.params.size(); ++i) {
       const AnyTensor& p = st.params[i];
@@ -153,21 +162,23 @@ class DataParallel {
         if (auto s = weak.lock()) s->on_ready(i, s);
       });
     // gradient_as_bucket_view: backward writes a parameter's first gradient of a step straight into
-    // its slice of the bucket (and accumulates there afterwards).
+    // its slice of the bucket (and accumulates there afterwards, until the bucket is sent).
     if (st.as_view)
       for (Bucket& b : st.buckets)
         for (size_t k = 0; k < b.params.size(); ++k) {
           const size_t bucket = static_cast<size_t>(&b - st.buckets.data());
           st.params[b.params[k]].set_grad_destination([weak, bucket, k]() -> AnyTensor {
             auto s = weak.lock();
-            return s ? s->view(s->buckets[bucket], k) : AnyTensor();
+            return s ? s->destination(s->buckets[bucket], k) : AnyTensor();
           });
         }
   }
 
   ~DataParallel() {
-    if (state_->as_view)
+    if (state_->as_view) {
+      state_->unpark_all();  // a backward that failed elsewhere: .grad is the view again
       for (AnyTensor& p : state_->params) p.set_grad_destination({});
+    }
   }
 
   DataParallel(const DataParallel&) = delete;
@@ -230,6 +241,9 @@ class DataParallel {
     std::vector<AnyTensor> params;
     std::vector<std::string> names;
     std::vector<bool> ready;
+    // gradient_as_bucket_view: the parameter's .grad (its view) is taken off it while its bucket's
+    // all_reduce is in flight (see unpark), so that a second arrival comes to destination().
+    std::vector<bool> parked;
     std::vector<size_t> bucket_of;
     std::vector<Bucket> buckets;
     bool sync = true;
@@ -257,12 +271,51 @@ class DataParallel {
           v.backend().fill(b.dtype, v.data_ptr(), v.numel(), 0.0);
       }
     }
+    // The gradient destination of b's k-th parameter (gradient_as_bucket_view): its view, or, when
+    // the parameter's gradient already went out with its bucket in this backward, the error. It is
+    // asked before anything is written, so the bucket the other ranks are reducing stays intact.
+    AnyTensor destination(Bucket& b, size_t k) {
+      const size_t i = b.params[k];
+      if (parked[i]) {
+        reset();
+        throw ValueError(::ember::detail::str_cat(
+            "DataParallel (gradient_as_bucket_view): the gradient of ", names[i],
+            " arrived a second time in one backward, after its bucket's all_reduce had started (it was not "
+            "accumulated: the buffer is being reduced, and the rank's gradient for this step is incomplete). Use "
+            "gradient_as_bucket_view = false for models that use a parameter both inside and outside a "
+            "checkpointed segment."));
+      }
+      return view(b, k);
+    }
+    // While b's all_reduce is in flight, its parameters whose .grad is their view hold no .grad:
+    // backward then asks destination() for a second arrival instead of adding into the buffer
+    // being reduced, and nothing reads the view while the group writes the average there.
+    void park(Bucket& b) {
+      if (!as_view) return;
+      for (size_t k = 0; k < b.params.size(); ++k)
+        if (grad_is_view(b, k)) {
+          params[b.params[k]].set_grad(AnyTensor());
+          parked[b.params[k]] = true;
+        }
+    }
+    // Puts the views back as .grad (once the all_reduce has finished, or on an error).
+    void unpark(Bucket& b) {
+      for (size_t k = 0; k < b.params.size(); ++k)
+        if (parked[b.params[k]]) {
+          params[b.params[k]].set_grad(view(b, k));
+          parked[b.params[k]] = false;
+        }
+    }
+    void unpark_all() {
+      for (Bucket& b : buckets) unpark(b);
+    }
     void launch(Bucket& b) {
       fill_flat(b);
       b.launched = true;
       b.timed = false;
       b.launch_ns = trace::now_ns();
       b.work = group->all_reduce_async(b.flat, ReduceOp::Avg);
+      park(b);
     }
     // Reports a finished all_reduce to the profiler, from its launch to when it was seen done
     // (a poll during backward or the wait at its end): the total communication time, of which the
@@ -273,6 +326,7 @@ class DataParallel {
       trace::interval(trace::Phase::Communication, "all_reduce", b.launch_ns, trace::now_ns());
     }
     void reset() {
+      unpark_all();
       ready.assign(ready.size(), false);
       for (Bucket& b : buckets) {
         b.pending = static_cast<int>(b.params.size());
@@ -298,18 +352,9 @@ class DataParallel {
         if (other.launched && other.work && other.work->is_completed()) report_done(other);
       Bucket& b = buckets[bucket_of[i]];
       if (ready[i]) {
-        if (b.launched) {
-          b.dirty = true;
-          for (size_t k = 0; k < b.params.size(); ++k)
-            if (b.params[k] == i && grad_is_view(b, k)) {
-              reset();
-              throw ValueError(::ember::detail::str_cat(
-                  "DataParallel (gradient_as_bucket_view): the gradient of ", names[i],
-                  " arrived a second time in one backward, after its bucket's all_reduce had started, and "
-                  "was accumulated into the buffer being reduced. Use gradient_as_bucket_view = false for models "
-                  "that use a parameter both inside and outside a checkpointed segment."));
-            }
-        }
+        // Again after its bucket was sent: reduced a second time at the end. (A gradient that is
+        // its bucket's view never gets here: destination() raised the error before it was added.)
+        if (b.launched) b.dirty = true;
         return;
       }
       ready[i] = true;
@@ -344,6 +389,7 @@ class DataParallel {
           trace::PhaseScope exposed(trace::Phase::Communication);  // the training thread waits
           b.work->wait();
           report_done(b);
+          unpark(b);  // before fill_flat: the views are the gradients
           if (b.dirty) {
             const int64_t t0 = trace::now_ns();
             fill_flat(b);
