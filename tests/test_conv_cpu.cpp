@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ember/backend/cpu/batch_norm.hpp>
@@ -310,6 +311,36 @@ TEST_CASE("oneDNN takes only fp32 problems with elements, and the backend falls 
   empty.n = 0;
   CHECK_FALSE(cpu::onednn::conv2d_backward_weight(empty, x.data(), y.data(), w.data()));
 }
+
+#if defined(EMBER_HAVE_ONEDNN) && defined(_OPENMP)
+TEST_CASE("oneDNN convolutions leave the calling thread's OpenMP thread setting as the program set it",
+          "[conv_cpu][threads]") {
+  // ember::set_num_threads sets OpenMP's setting on the thread that calls it only; on another
+  // thread the convolution sets it for oneDNN's call and must put the program's value back.
+  ThreadsGuard guard;
+  set_num_threads(2);
+  Conv2dArgs a = args_of(conv_cases()[2], DType::Float32);
+  std::vector<float> x(static_cast<size_t>(a.n * a.c_in * a.h * a.w), 1.0f), w(static_cast<size_t>(a.c_out * a.c_in * 9), 1.0f),
+      y(static_cast<size_t>(a.n * a.c_out * a.out_h * a.out_w), 0.0f), gx(x.size()), gw(w.size());
+  int after_forward = -1, after_input = -1, after_weight = -1;
+  bool ran = false;
+  std::thread t([&] {
+    omp_set_num_threads(5);  // the program's own setting on this thread
+    ran = cpu::onednn::conv2d_forward(a, x.data(), w.data(), y.data());
+    after_forward = omp_get_max_threads();
+    ran = ran && cpu::onednn::conv2d_backward_input(a, y.data(), w.data(), gx.data());
+    after_input = omp_get_max_threads();
+    ran = ran && cpu::onednn::conv2d_backward_weight(a, x.data(), y.data(), gw.data());
+    after_weight = omp_get_max_threads();
+  });
+  t.join();
+  REQUIRE(ran);
+  CHECK(after_forward == 5);
+  CHECK(after_input == 5);
+  CHECK(after_weight == 5);
+  CHECK(y[0] == 4.0f * 3.0f);
+}
+#endif
 
 TEST_CASE("conv2d through the op: float32 gradients (1 and 2 threads) match float64's", "[conv_cpu][grad]") {
   ThreadsGuard guard;
