@@ -51,17 +51,10 @@ inline bool sgemm_onednn(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
                          const float* b, int64_t ldb, float beta, float* c, int64_t ldc, [[maybe_unused]] int threads) {
 #if defined(_OPENMP)
   // oneDNN sizes its team by this thread's OpenMP setting (omp_get_max_threads), which is also
-  // what OpenBLAS's OpenMP build reads (openblas_set_num_threads sets it). Set for the call only
-  // and put back, so that a program's own OpenMP or OpenBLAS setting is left as it was.
-  const int before = omp_in_parallel() ? threads : omp_get_max_threads();
-  if (before != threads) omp_set_num_threads(threads);
+  // what OpenBLAS's OpenMP build reads (openblas_set_num_threads sets it): set for the call only.
+  const ::ember::detail::OmpThreadsForCall omp_threads(threads);
 #endif
-  const bool ok = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) ==
-                  dnnl_success;
-#if defined(_OPENMP)
-  if (before != threads) omp_set_num_threads(before);
-#endif
-  return ok;
+  return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success;
 }
 #endif
 }  // namespace detail

@@ -245,19 +245,9 @@ inline void run(Prepared& p, int arg0, Operand& in0, const void* ptr0, int arg1,
 #if defined(_OPENMP)
   // oneDNN sizes its OpenMP team by this thread's nthreads setting, which omp_set_num_threads in
   // ember::set_num_threads changed only on the thread that called it. Set for the call only and
-  // put back (also when a step throws), as the fp32 GEMM does (cpu/gemm.hpp): a program's own
-  // OpenMP setting on this thread is left as it was.
-  struct OmpThreadsForCall {
-    int before, want;
-    explicit OmpThreadsForCall(int n) : before(omp_in_parallel() ? n : omp_get_max_threads()), want(n) {
-      if (before != want) omp_set_num_threads(want);
-    }
-    ~OmpThreadsForCall() {
-      if (before != want) omp_set_num_threads(before);
-    }
-    OmpThreadsForCall(const OmpThreadsForCall&) = delete;
-    OmpThreadsForCall& operator=(const OmpThreadsForCall&) = delete;
-  } omp_threads(get_num_threads());
+  // put back (also when a step throws), as the fp32 GEMM does: a program's own OpenMP setting on
+  // this thread is left as it was.
+  const ::ember::detail::OmpThreadsForCall omp_threads(get_num_threads());
 #endif
   thread_local struct Stream {
     dnnl_stream_t s = nullptr;

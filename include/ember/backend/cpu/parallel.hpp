@@ -99,6 +99,27 @@ inline std::atomic<int>& num_threads_slot() {
   return slot;
 }
 
+#if defined(_OPENMP)
+// Sets this thread's OpenMP thread count (omp_get_max_threads, which oneDNN sizes its team by and
+// OpenBLAS's OpenMP build reads) to n for one library call and puts the previous value back,
+// also when the call throws: a program's own OpenMP setting is left as it was. Inside a parallel
+// region nothing is changed (the libraries stay on the calling thread there).
+class OmpThreadsForCall {
+ public:
+  explicit OmpThreadsForCall(int n) : before_(omp_in_parallel() ? n : omp_get_max_threads()), want_(n) {
+    if (before_ != want_) omp_set_num_threads(want_);
+  }
+  ~OmpThreadsForCall() {
+    if (before_ != want_) omp_set_num_threads(before_);
+  }
+  OmpThreadsForCall(const OmpThreadsForCall&) = delete;
+  OmpThreadsForCall& operator=(const OmpThreadsForCall&) = delete;
+
+ private:
+  int before_, want_;
+};
+#endif
+
 }  // namespace detail
 
 // Sets the threads of ember's CPU kernels and, when ember was linked with OpenBLAS, of its GEMM.
