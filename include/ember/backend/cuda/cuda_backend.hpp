@@ -395,8 +395,12 @@ class CudaBackend final : public Backend {
     dispatch_all(t, [&](auto tag) {
       using T = decltype(tag);
       using C = calc_t<T>;
-      unary_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(x), static_cast<T*>(out), n,
-                                                        static_cast<C>(a), static_cast<C>(b));
+      if (aligned16(x) && aligned16(out))
+        unary_dense_kernel<T><<<grid(n / Pack<T>::kSize + 1), kThreads, 0, stream_>>>(
+            op, static_cast<const T*>(x), static_cast<T*>(out), n, static_cast<C>(a), static_cast<C>(b));
+      else
+        unary_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(x), static_cast<T*>(out), n,
+                                                          static_cast<C>(a), static_cast<C>(b));
     });
     EMBER_CUDA_CHECK_LAUNCH();
   }
@@ -420,8 +424,16 @@ class CudaBackend final : public Backend {
     Guard g(device_);
     dispatch_all(t, [&](auto tag) {
       using T = decltype(tag);
-      binary_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
-                                                         static_cast<T*>(out), s, n);
+      // One dense dimension, each input dense or a broadcast element, aligned: the packed kernel.
+      const bool one_dim = s.ndim == 1 && (s.stride[0][0] == 0 || s.stride[0][0] == 1) &&
+                           (s.stride[1][0] == 0 || s.stride[1][0] == 1);
+      const bool a_scalar = one_dim && s.stride[0][0] == 0, b_scalar = one_dim && s.stride[1][0] == 0;
+      if (one_dim && (a_scalar || aligned16(a)) && (b_scalar || aligned16(b)) && aligned16(out))
+        binary_dense_kernel<T><<<grid(n / Pack<T>::kSize + 1), kThreads, 0, stream_>>>(
+            op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, a_scalar, b_scalar);
+      else
+        binary_kernel<T><<<grid(n), kThreads, 0, stream_>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
+                                                           static_cast<T*>(out), s, n);
     });
     EMBER_CUDA_CHECK_LAUNCH();
   }
@@ -590,11 +602,35 @@ class CudaBackend final : public Backend {
         EMBER_CUDA_CHECK_LAUNCH();
       }
       if (gw || gb) {
+        using C = calc_t<T>;
         const unsigned blocks = static_cast<unsigned>((a.cols + kNormColThreads - 1) / kNormColThreads);
-        norm_param_grad_kernel<T><<<blocks, dim3(kNormColThreads, kNormRowPhases), 0, stream_>>>(
-            static_cast<const T*>(x), static_cast<const S*>(mean), static_cast<const S*>(rstd),
-            static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), a.rows, a.cols, a.rms);
-        EMBER_CUDA_CHECK_LAUNCH();
+        const int64_t chunk = a.rows > 0 ? norm_param_grad_chunk(a.rows, a.cols, sm_count_) : 1;
+        const int64_t chunks = a.rows > 0 ? (a.rows + chunk - 1) / chunk : 1;
+        const dim3 grid(blocks, static_cast<unsigned>(chunks)), block(kNormColThreads, kNormRowPhases);
+        const T* xt = static_cast<const T*>(x);
+        const S* mt = static_cast<const S*>(mean);
+        const S* rt = static_cast<const S*>(rstd);
+        const T* gyt = static_cast<const T*>(gy);
+        if (chunks == 1) {
+          norm_param_grad_kernel<T><<<grid, block, 0, stream_>>>(xt, mt, rt, gyt, static_cast<T*>(gw),
+                                                                 static_cast<T*>(gb), nullptr, nullptr, a.rows,
+                                                                 a.cols, chunk, a.rms);
+          EMBER_CUDA_CHECK_LAUNCH();
+        } else {
+          const size_t bytes = static_cast<size_t>(2 * chunks * a.cols) * sizeof(C);
+          C* pw = static_cast<C*>(alloc_.allocate(bytes));
+          C* pb = pw + chunks * a.cols;
+          norm_param_grad_kernel<T><<<grid, block, 0, stream_>>>(xt, mt, rt, gyt, nullptr, nullptr, pw, pb, a.rows,
+                                                                 a.cols, chunk, a.rms);
+          cudaError_t e = cudaGetLastError();
+          if (e == cudaSuccess) {
+            norm_param_grad_finish_kernel<T><<<grid_for(a.cols, sm_count_), kThreads, 0, stream_>>>(
+                pw, pb, static_cast<T*>(gw), static_cast<T*>(gb), chunks, a.cols);
+            e = cudaGetLastError();
+          }
+          alloc_.deallocate(pw, bytes);
+          ::ember::cuda::internal::check_cuda(e, "norm_param_grad kernel launch", __FILE__, __LINE__);
+        }
       }
     });
   }
