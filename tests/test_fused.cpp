@@ -4,6 +4,7 @@
 // CUDA parity (real GPU, else skipped; the pretend device checks the device plumbing in CI).
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,10 @@
 #include "gpu_skip.hpp"
 #include "gradcheck.hpp"
 #include "pretend_gpu.hpp"
+
+#if defined(EMBER_TEST_HAVE_CUDA)
+#include <ember/backend/cuda/cublas_lt.hpp>  // the parity test checks which path linear_act takes
+#endif
 
 using namespace ember;
 
@@ -939,8 +944,8 @@ TEST_CASE("scaled_dot_product_attention: bad inputs are errors naming the op, sh
   auto qh = Tensor<float>::randn({2, 4, 8}, Device::cpu(), 0.0, 1.0, gen);
   auto kh = Tensor<float>::randn({2, 5, 8}, Device::cpu(), 0.0, 1.0, gen);
   auto vh = Tensor<float>::randn({2, 5, 6}, Device::cpu(), 0.0, 1.0, gen);
-  auto r16 = scaled_dot_product_attention(Tensor<half>(qh.to(DType::Float16)), Tensor<half>(kh.to(DType::Float16)),
-                                          Tensor<half>(vh.to(DType::Float16)), {.is_causal = true});
+  auto r16 = scaled_dot_product_attention(Tensor<ember::half>(qh.to(DType::Float16)), Tensor<ember::half>(kh.to(DType::Float16)),
+                                          Tensor<ember::half>(vh.to(DType::Float16)), {.is_causal = true});
   auto r32 = scaled_dot_product_attention(qh, kh, vh, {.is_causal = true});
   REQUIRE(attn_diff(r16.to_double_vector(), r32.to_double_vector()) < 1e-2);
 }
@@ -1006,4 +1011,226 @@ TEST_CASE("parity: fused attention, CPU versus CUDA", "[fused][cuda][parity]") {
       for (size_t i = 0; i < cpu_r.size(); ++i) REQUIRE(attn_diff(gpu_r[i], cpu_r[i]) < tol);
     }
   }
+}
+
+// ---------------------------------------------------------------- Linear with its activation
+
+namespace {
+
+// The composite that linear_act fuses: linear, then the activation op.
+AnyTensor composite_linear_act(const AnyTensor& x, const AnyTensor& w, const AnyTensor& b, LinearActivation act) {
+  const AnyTensor z = op::linear(x, w, b);
+  switch (act) {
+    case LinearActivation::None: return z;
+    case LinearActivation::Relu: return op::relu(z);
+    case LinearActivation::Gelu: return op::gelu(z, false);
+    case LinearActivation::GeluTanh: return op::gelu(z, true);
+  }
+  return z;
+}
+
+constexpr LinearActivation kActivations[] = {LinearActivation::None, LinearActivation::Relu, LinearActivation::Gelu,
+                                             LinearActivation::GeluTanh};
+
+// The bits of a tensor (CPU), for exact comparisons that also hold at NaN.
+std::vector<uint8_t> bits_of(const AnyTensor& t) {
+  AnyTensor c = t.to(Device::cpu());
+  std::vector<uint8_t> v(c.nbytes());
+  if (!v.empty()) std::memcpy(v.data(), c.data_ptr(), v.size());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("linear_act: the composite's bits on the CPU, forward and gradients, every activation and dtype",
+          "[fused][linear]") {
+  ThreadsGuard threads;
+  for (int nt : {1, 2}) {
+    set_num_threads(nt);
+    for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+      for (const Shape& xs : {Shape{5, 7}, Shape{2, 3, 16}, Shape{16}, Shape{64, 96}}) {
+        const int64_t in = xs[xs.dim() - 1], out = in == 7 ? 9 : 40;
+        for (bool with_bias : {true, false}) {
+          for (LinearActivation act : kActivations) {
+            INFO(dtype_name(t) << " x " << xs.str() << " out " << out << " bias " << with_bias << " act "
+                               << static_cast<int>(act) << " threads " << nt);
+            Generator gen(static_cast<uint64_t>(in * 7 + out));
+            AnyTensor x = Tensor<float>::randn(xs, Device::cpu(), 0.0, 1.0, gen).to(t);
+            AnyTensor w = Tensor<float>::randn({out, in}, Device::cpu(), 0.0, 0.5, gen).to(t);
+            AnyTensor b = with_bias ? Tensor<float>::randn({out}, Device::cpu(), 0.0, 0.5, gen).to(t) : AnyTensor();
+            if (t == DType::Float32 && xs.numel() > 7) {  // NaN and a zero pre-activation pass the same way
+              AnyTensor xn = x.to(DType::Float64);
+              std::vector<double> v = xn.to_double_vector();
+              v[3] = std::nan("");
+              x = Tensor<double>::from_vector(v, xs).to(t);
+            }
+            auto run = [&](bool fused) {
+              AnyTensor xr = x.detach().clone(), wr = w.detach().clone(),
+                        br = b.defined() ? b.detach().clone() : AnyTensor();
+              xr.set_requires_grad(true);
+              wr.set_requires_grad(true);
+              if (br.defined()) br.set_requires_grad(true);
+              AnyTensor y = fused ? op::linear_act(xr, wr, br, act) : composite_linear_act(xr, wr, br, act);
+              AnyTensor gy = Tensor<float>::randn(y.shape(), Device::cpu(), 0.0, 1.0, gen).to(t);
+              y.backward(gy);
+              std::vector<std::vector<uint8_t>> r{bits_of(y), bits_of(xr.grad()), bits_of(wr.grad())};
+              if (br.defined()) r.push_back(bits_of(br.grad()));
+              return r;
+            };
+            const auto state = gen.state();
+            auto composite = run(false);
+            gen.set_state(state);  // the same upstream gradient for both
+            auto fused = run(true);
+            REQUIRE(fused.size() == composite.size());
+            for (size_t k = 0; k < fused.size(); ++k) REQUIRE(fused[k] == composite[k]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_act gradients (gradcheck, float64): relu, gelu and gelu tanh, with and without bias, 3-d input",
+          "[fused][linear][grad]") {
+  for (LinearActivation act : {LinearActivation::Relu, LinearActivation::Gelu, LinearActivation::GeluTanh}) {
+    for (bool with_bias : {true, false}) {
+      INFO("act " << static_cast<int>(act) << " bias " << with_bias);
+      auto f = [&](const std::vector<AnyTensor>& v) {
+        return op::linear_act(v[0], v[1], with_bias ? v[2] : AnyTensor(), act);
+      };
+      // ReLU's kink: inputs away from it (finite differences of 1e-6 would straddle it)
+      auto in = testing::random_inputs({{2, 3, 4}, {5, 4}, {5}}, 51 + static_cast<uint64_t>(act), -1.0, 1.0);
+      if (act == LinearActivation::Relu) {
+        const AnyTensor z = op::linear(in[0], in[1], with_bias ? in[2] : AnyTensor());
+        for (double v : z.to_double_vector()) REQUIRE(std::abs(v) > 1e-4);
+      }
+      CHECK_GRADIENTS(f, in);
+    }
+  }
+}
+
+TEST_CASE("linear_act: bad inputs are errors naming the op, shapes and dtypes", "[fused][linear][errors]") {
+  auto x = Tensor<float>::randn({4, 3});
+  auto w = Tensor<float>::randn({5, 3});
+  REQUIRE_THROWS_WITH(op::linear_act(x, Tensor<float>::randn({5, 4}), AnyTensor(), LinearActivation::Relu),
+                      Catch::Contains("linear_relu") && Catch::Contains("[4, 3]") && Catch::Contains("[5, 4]"));
+  REQUIRE_THROWS_WITH(op::linear_act(x, w, Tensor<float>::randn({4}), LinearActivation::GeluTanh),
+                      Catch::Contains("linear_gelu_tanh") && Catch::Contains("bias must be [5]"));
+  REQUIRE_THROWS_WITH(op::linear_act(x, Tensor<double>::randn({5, 3}), AnyTensor(), LinearActivation::Gelu),
+                      Catch::Contains("linear_gelu") && Catch::Contains("float64"));
+  REQUIRE_THROWS_AS(op::linear_act(x.to(DType::Int32), w.to(DType::Int32), AnyTensor(), LinearActivation::Relu),
+                    DTypeError);
+  REQUIRE_THROWS_AS(op::linear_act(AnyTensor(), w, AnyTensor(), LinearActivation::Relu), ValueError);
+  // none: linear's own checks and name
+  REQUIRE_THROWS_WITH(op::linear_act(x, Tensor<float>::randn({5, 4}), AnyTensor(), LinearActivation::None),
+                      Catch::Contains("linear:"));
+}
+
+TEST_CASE("nn::Linear with an activation: Linear then ReLU/GELU, torch.nn.Linear's parameters, the printed layer",
+          "[fused][linear]") {
+  Generator gen(77);
+  auto x = Tensor<float>::randn({6, 12}, Device::cpu(), 0.0, 1.0, gen);
+  nn::Linear plain(12, 8);
+  nn::Linear fused(12, 8, {.activation = LinearActivation::Relu});
+  fused.load_state_dict(plain.state_dict());
+  REQUIRE(fused.state_dict().size() == 2);
+  REQUIRE(fused.activation() == LinearActivation::Relu);
+  REQUIRE(bits_of(fused(x)) == bits_of(relu(plain(x))));
+  REQUIRE(fused.extra_repr().find("activation=relu") != std::string::npos);
+  REQUIRE(plain.extra_repr().find("activation") == std::string::npos);
+  // forward_with: the layer's own activation is replaced, not composed
+  REQUIRE(bits_of(fused.forward_with(x, LinearActivation::GeluTanh)) == bits_of(gelu(plain(x), true)));
+  // the transformer's MLP runs c_fc with its GELU fused: the composite's bits on the CPU
+  nn::TransformerMLP mlp(12, 48);
+  auto xm = Tensor<float>::randn({2, 5, 12}, Device::cpu(), 0.0, 1.0, gen);
+  auto ref = (*mlp.c_proj)(gelu((*mlp.c_fc)(xm), true));
+  REQUIRE(bits_of(mlp(xm)) == bits_of(ref));
+}
+
+TEST_CASE("linear_act on a device (pretend cuda:0 in CI) equals the CPU", "[fused][linear]") {
+  testing::PretendGpu pretend;
+  if (!cuda::is_available()) {
+    std::cout << "SKIPPED: no cuda:0, real or pretend\n";
+    return;
+  }
+  Generator gen(5);
+  auto x = Tensor<float>::randn({9, 16}, Device::cpu(), 0.0, 1.0, gen);
+  auto w = Tensor<float>::randn({24, 16}, Device::cpu(), 0.0, 0.5, gen);
+  auto b = Tensor<float>::randn({24}, Device::cpu(), 0.0, 0.5, gen);
+  for (LinearActivation act : {LinearActivation::Relu, LinearActivation::GeluTanh}) {
+    auto yc = op::linear_act(x, w, b, act).to_double_vector();
+    auto xd = Tensor<float>(x.to(Device::cuda(0))).set_requires_grad();
+    auto wd = Tensor<float>(w.to(Device::cuda(0))).set_requires_grad();
+    auto yd = op::linear_act(xd, wd, b.to(Device::cuda(0)), act);
+    REQUIRE(yd.device() == Device::cuda(0));
+    REQUIRE(max_rel_diff(yd.to(Device::cpu()).to_double_vector(), yc) < 2e-3);
+    op::sum(yd).backward();
+    REQUIRE(xd.grad().device() == Device::cuda(0));
+    REQUIRE(wd.grad().device() == Device::cuda(0));
+  }
+}
+
+TEST_CASE("parity: linear_act (cuBLASLt epilogue), CPU versus CUDA", "[fused][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  // {rows, in, out}: out % 8 == 0 takes GELU's epilogue; 13 does not (the composite on the device)
+  const std::array<int64_t, 3> shapes[] = {{64, 256, 1024}, {1024, 256, 1024}, {7, 33, 13}, {130, 64, 40}, {1, 8, 8}};
+  for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    for (const auto& [rows, in, out] : shapes) {
+      for (bool with_bias : {true, false}) {
+        for (LinearActivation act : kActivations) {
+          Generator gen(static_cast<uint64_t>(rows * 31 + in + out));
+          AnyTensor x = Tensor<float>::randn({rows, in}, Device::cpu(), 0.0, 1.0, gen).to(t);
+          AnyTensor w = Tensor<float>::randn({out, in}, Device::cpu(), 0.0, 1.0 / std::sqrt(double(in)), gen).to(t);
+          AnyTensor b = with_bias ? Tensor<float>::randn({out}, Device::cpu(), 0.0, 0.5, gen).to(t) : AnyTensor();
+          AnyTensor gy = Tensor<float>::randn({rows, out}, Device::cpu(), 0.0, 1.0, gen).to(t);
+          auto run = [&](Device d) {
+            AnyTensor xd = x.to(d).detach(), wd = w.to(d).detach(), bd = b.defined() ? b.to(d).detach() : AnyTensor();
+            xd.set_requires_grad(true);
+            wd.set_requires_grad(true);
+            if (bd.defined()) bd.set_requires_grad(true);
+            AnyTensor y = op::linear_act(xd, wd, bd, act);
+            y.backward(gy.to(d));
+            std::vector<std::vector<double>> r{y.to(Device::cpu()).to_double_vector(),
+                                               xd.grad().to(Device::cpu()).to_double_vector(),
+                                               wd.grad().to(Device::cpu()).to_double_vector()};
+            if (bd.defined()) r.push_back(bd.grad().to(Device::cpu()).to_double_vector());
+            return r;
+          };
+          auto c = run(Device::cpu()), g = run(Device::cuda(0));
+          // fp32: GEMMs in another order, and cuBLASLt's own GELU; fp16/bf16: one rounding step
+          // of the output forgiven (the epilogue rounds the unrounded sum's activation once)
+          const double tol = t == DType::Float64 ? 1e-10 : t == DType::Float32 ? 1e-4 : t == DType::Float16 ? 4e-3 : 3e-2;
+          const int mantissa = t == DType::Float16 ? 10 : t == DType::BFloat16 ? 7 : 0;
+          for (size_t k = 0; k < c.size(); ++k) {
+            const double scale = k >= 2 ? std::sqrt(static_cast<double>(rows)) : 1.0;  // sums over rows
+            const double d = mantissa > 0 ? max_rel_diff_beyond_ulp(g[k], c[k], mantissa) : max_rel_diff(g[k], c[k]);
+            INFO(dtype_name(t) << " " << rows << "x" << in << "->" << out << " bias " << with_bias << " act "
+                               << static_cast<int>(act) << " output " << k << " diff " << d);
+            REQUIRE(d < tol * scale);
+          }
+        }
+      }
+    }
+  }
+#if defined(EMBER_TEST_HAVE_CUDA)
+  // The fused path is taken where the header says it is, not the composite.
+  Backend& dev = backend_for(Device::cuda(0));
+  auto alloc = [&](size_t n) { return dev.allocate(n); };
+  auto release = [&](void* p, size_t n) { dev.deallocate(p, n); };
+  for (DType t : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    AnyTensor x = AnyTensor::zeros({32, 64}, t, Device::cuda(0)), w = AnyTensor::zeros({128, 64}, t, Device::cuda(0));
+    AnyTensor b = AnyTensor::zeros({128}, t, Device::cuda(0));
+    AnyTensor z = AnyTensor::empty({32, 128}, t, Device::cuda(0)), y = AnyTensor::empty({32, 128}, t, Device::cuda(0));
+    LinearActArgs a{.dtype = t, .rows = 32, .in = 64, .out = 128, .act = LinearActivation::GeluTanh};
+    INFO(dtype_name(t));
+    REQUIRE(cuda::linear_act_lt(0, cuda::current_stream(0), a, x.data_ptr(), w.data_ptr(), b.data_ptr(), z.data_ptr(),
+                                y.data_ptr(), alloc, release));
+    a.act = LinearActivation::Relu;
+    REQUIRE(cuda::linear_act_lt(0, cuda::current_stream(0), a, x.data_ptr(), w.data_ptr(), nullptr, nullptr,
+                                y.data_ptr(), alloc, release));
+    a.act = LinearActivation::Gelu;  // the exact GELU has no epilogue
+    REQUIRE_FALSE(cuda::linear_act_lt(0, cuda::current_stream(0), a, x.data_ptr(), w.data_ptr(), b.data_ptr(),
+                                      z.data_ptr(), y.data_ptr(), alloc, release));
+  }
+#endif
 }

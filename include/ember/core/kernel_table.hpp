@@ -109,6 +109,20 @@ struct PreprocessArgs {
   float inv_std[4] = {1, 1, 1, 1};
 };
 
+// A Linear layer with its activation (ops/linalg.hpp linear_act): z = x W^T + b and y = act(z),
+// for x [rows, in], w [out, in], b [out] or null, z and y [rows, out], all contiguous and of one
+// floating dtype. z is written only where the backward needs it (not for None and Relu, whose
+// derivative reads y: y > 0 exactly where z > 0, and NaN passes in both) and may be null there.
+enum class LinearActivation : uint8_t { None, Relu, Gelu, GeluTanh };
+struct LinearActArgs {
+  DType dtype = DType::Float32;
+  int64_t rows = 0, in = 0, out = 0;
+  LinearActivation act = LinearActivation::None;
+};
+inline bool linear_act_needs_z(LinearActivation a) {
+  return a == LinearActivation::Gelu || a == LinearActivation::GeluTanh;
+}
+
 // Layer normalisation over the last axis of a contiguous [rows, cols] matrix (ops/norm.hpp):
 // y = (x - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps), var biased; RMSNorm when `rms`
 // (mean taken as 0: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), no bias). w and b are
@@ -259,6 +273,52 @@ class Backend {
   virtual void nonfinite_check(DType t, const void* x, int64_t n, uint8_t* flag) = 0;
 
   virtual void gemm(const GemmArgs& g) = 0;
+
+  // Linear with bias and activation (LinearActArgs). The default is the composite, in the order
+  // op::linear then the activation take: z filled with the broadcast bias, the GEMM adds x W^T
+  // into it (beta = 1), then y = act(z) elementwise; so a backend without a fused kernel (the
+  // CPU) gives the composite's bits. The CUDA backend fuses bias and activation into the GEMM's
+  // epilogue (cuBLASLt) where it can and falls back to this.
+  virtual void linear_act_forward(const LinearActArgs& a, const void* x, const void* w, const void* b, void* z,
+                                  void* y) {
+    if (a.rows <= 0 || a.out <= 0) return;
+    const bool keep_z = linear_act_needs_z(a.act);
+    void* pre = keep_z ? z : y;
+    if (b != nullptr) {
+      StridedArgs s;
+      s.ndim = 2;
+      s.shape[0] = a.rows;
+      s.shape[1] = a.out;
+      s.stride_a[0] = 0;
+      s.stride_a[1] = 1;
+      strided_copy(a.dtype, b, pre, s);
+    }
+    if (a.in == 0) {
+      if (b == nullptr) fill(a.dtype, pre, a.rows * a.out, 0.0);
+    } else {
+      GemmArgs g;
+      g.dtype = a.dtype;
+      g.trans_b = true;
+      g.m = a.rows;
+      g.n = a.out;
+      g.k = a.in;
+      g.a = x;
+      g.lda = a.in;
+      g.b = w;
+      g.ldb = a.in;
+      g.c = pre;
+      g.ldc = a.out;
+      g.stride_c = a.rows * a.out;
+      g.beta = b != nullptr ? 1.0 : 0.0;
+      gemm(g);
+    }
+    switch (a.act) {
+      case LinearActivation::None: return;
+      case LinearActivation::Relu: unary(UnaryOp::Relu, a.dtype, pre, y, a.rows * a.out, 0.0, 0.0); return;
+      case LinearActivation::Gelu: unary(UnaryOp::Gelu, a.dtype, pre, y, a.rows * a.out, 0.0, 0.0); return;
+      case LinearActivation::GeluTanh: unary(UnaryOp::GeluTanh, a.dtype, pre, y, a.rows * a.out, 0.0, 0.0); return;
+    }
+  }
 
   // Softmax over the last axis of a [rows, cols] matrix (log_softmax when `log`).
   virtual void softmax(DType t, const void* x, void* y, int64_t rows, int64_t cols, bool log) = 0;

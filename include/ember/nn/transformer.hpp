@@ -31,7 +31,8 @@ struct TransformerBlockOptions {
   Device device = Device::cpu();
 };
 
-// The block's feed-forward part: c_fc -> GELU(tanh) -> c_proj -> dropout.
+// The block's feed-forward part: c_fc -> GELU(tanh) -> c_proj -> dropout, c_fc and its GELU as
+// one op (Linear::forward_with: the same bits as the two on the CPU).
 class TransformerMLP : public ModuleBase<TransformerMLP> {
  public:
   TransformerMLP(int64_t embed_dim, int64_t hidden_dim, double dropout = 0.0, bool bias = true,
@@ -44,7 +45,7 @@ class TransformerMLP : public ModuleBase<TransformerMLP> {
   std::string type_name() const override { return "TransformerMLP"; }
   template <Element T>
   Tensor<T> forward(const Tensor<T>& x) {
-    return (*drop)((*c_proj)(gelu((*c_fc)(x), /*tanh_approximation=*/true)));
+    return (*drop)((*c_proj)(c_fc->forward_with(x, LinearActivation::GeluTanh)));
   }
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<Dropout> drop;

@@ -142,6 +142,46 @@ inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = f
 }
 
 
+namespace detail {
+// The checks of linear and linear_act: x [..., in], w [out, in], b [out] or undefined.
+inline void check_linear_args(const char* name, const AnyTensor& x, const AnyTensor& w, const AnyTensor& b) {
+  check_defined(name, x, "input");
+  check_defined(name, w, "weight");
+  check_same_device(name, x, w);
+  check_same_dtype(name, x, w);
+  check_floating(name, x);
+  EMBER_CHECK(x.dim() >= 1, ShapeError, name, ": the input must have at least one dimension, got ", x.desc());
+  EMBER_CHECK(w.dim() == 2, ShapeError, name, ": the weight must be [out_features, in_features], got ", w.desc());
+  const int64_t in = w.shape()[1], out = w.shape()[0];
+  EMBER_CHECK(x.shape()[x.dim() - 1] == in, ShapeError, name, ": input ", x.desc(), " must end in ", in,
+              " features to match weight ", w.desc());
+  if (b.defined()) {
+    check_same_device(name, x, b);
+    check_same_dtype(name, x, b);
+    EMBER_CHECK(b.dim() == 1 && b.shape()[0] == out, ShapeError, name, ": the bias must be [", out,
+                "] to match weight ", w.desc(), ", got ", b.desc());
+  }
+}
+
+// The product of x's leading dimensions, folded into the GEMM's rows (not numel / in, which
+// divides by 0 when in is 0).
+inline int64_t linear_rows(const AnyTensor& x) {
+  int64_t rows = 1;
+  for (int i = 0; i < x.dim() - 1; ++i) rows *= x.shape()[i];
+  return rows;
+}
+
+inline const char* linear_act_name(LinearActivation a) {
+  switch (a) {
+    case LinearActivation::None: return "linear";
+    case LinearActivation::Relu: return "linear_relu";
+    case LinearActivation::Gelu: return "linear_gelu";
+    case LinearActivation::GeluTanh: return "linear_gelu_tanh";
+  }
+  return "linear_act";
+}
+}  // namespace detail
+
 // linear(x, w, b) = x W^T + b for x [..., in], w [out, in], b [out] (or undefined: no bias), as
 // torch.nn.functional.linear. The leading dimensions of x fold into one GEMM, and the bias goes
 // into it as torch's addmm does: C is filled with the broadcast bias and the GEMM adds x W^T to it
@@ -150,24 +190,9 @@ inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = f
 // K-blocks to it. Backward: gx = gy W, gW = gy^T x, gb = the column sums of gy.
 inline AnyTensor linear(const AnyTensor& x, const AnyTensor& w, const AnyTensor& b = AnyTensor()) {
   detail::OpScope op_scope("linear", x, w, b);
-  detail::check_defined("linear", x, "input");
-  detail::check_defined("linear", w, "weight");
-  detail::check_same_device("linear", x, w);
-  detail::check_same_dtype("linear", x, w);
-  detail::check_floating("linear", x);
-  EMBER_CHECK(x.dim() >= 1, ShapeError, "linear: the input must have at least one dimension, got ", x.desc());
-  EMBER_CHECK(w.dim() == 2, ShapeError, "linear: the weight must be [out_features, in_features], got ", w.desc());
+  detail::check_linear_args("linear", x, w, b);
   const int64_t in = w.shape()[1], out = w.shape()[0];
-  EMBER_CHECK(x.shape()[x.dim() - 1] == in, ShapeError, "linear: input ", x.desc(), " must end in ", in,
-              " features to match weight ", w.desc());
-  if (b.defined()) {
-    detail::check_same_device("linear", x, b);
-    detail::check_same_dtype("linear", x, b);
-    EMBER_CHECK(b.dim() == 1 && b.shape()[0] == out, ShapeError, "linear: the bias must be [", out,
-                "] to match weight ", w.desc(), ", got ", b.desc());
-  }
-  int64_t rows = 1;  // the folded leading dimensions (not numel / in, which divides by 0 when in is 0)
-  for (int i = 0; i < x.dim() - 1; ++i) rows *= x.shape()[i];
+  const int64_t rows = detail::linear_rows(x);
   std::vector<int64_t> out_shape = x.shape().vec();
   out_shape.back() = out;
   const Shape y2_shape{rows, out};
@@ -202,6 +227,65 @@ inline AnyTensor linear(const AnyTensor& x, const AnyTensor& w, const AnyTensor&
   return y;
 }
 
+// linear_act(x, w, b, act) = act(x W^T + b): a Linear layer and its activation as one op (one
+// kernel-table call, one autograd node). The values are linear(x, w, b) followed by relu / gelu /
+// gelu(tanh_approximation) exactly on the CPU (the same kernels in the same order, so the same
+// bits). On CUDA the bias and the activation run in the GEMM's epilogue (cuBLASLt): z is not
+// written, read back and written again, so the last bits differ from the composite by the
+// epilogue's rounding (fp32: its own GELU; fp16/bf16: the activation of the unrounded sum).
+// Memory: ReLU keeps only y for its backward (y > 0 exactly where z > 0), GELU keeps z as the
+// composite does. Backward: gz = gy * act'(z), then as linear.
+inline AnyTensor linear_act(const AnyTensor& x, const AnyTensor& w, const AnyTensor& b, LinearActivation act) {
+  const char* name = detail::linear_act_name(act);
+  detail::OpScope op_scope(name, x, w, b);
+  detail::check_linear_args(name, x, w, b);
+  if (act == LinearActivation::None) return linear(x, w, b);
+  const int64_t in = w.shape()[1], out = w.shape()[0];
+  const int64_t rows = detail::linear_rows(x);
+  std::vector<int64_t> out_shape = x.shape().vec();
+  out_shape.back() = out;
+  const Shape y2_shape{rows, out};
+  AnyTensor x2 = x.reshape(Shape{rows, in});
+  const bool keep_z = linear_act_needs_z(act);
+  AnyTensor y2 = AnyTensor::empty(y2_shape, x.dtype(), x.device(), name);
+  AnyTensor z2 = keep_z ? AnyTensor::empty(y2_shape, x.dtype(), x.device(), name) : AnyTensor();
+  if (y2.numel() > 0) {
+    LinearActArgs a;
+    a.dtype = x.dtype();
+    a.rows = rows;
+    a.in = in;
+    a.out = out;
+    a.act = act;
+    y2.backend().linear_act_forward(a, x2.data_ptr(), w.data_ptr(), b.defined() ? b.data_ptr() : nullptr,
+                                    keep_z ? z2.data_ptr() : nullptr, y2.data_ptr());
+  }
+  AnyTensor y = y2.reshape(Shape(out_shape));
+  if (autograd::any_requires_grad({x, w, b})) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
+    AnyTensor sx = x2.detach(), sw = w.detach();
+    // The activation's derivative reads z (GELU) or y (ReLU, standing in for z).
+    AnyTensor saved = keep_z ? z2 : y2.detach();
+    const UnaryOp uop = act == LinearActivation::Relu ? UnaryOp::Relu
+                        : act == LinearActivation::Gelu ? UnaryOp::Gelu
+                                                        : UnaryOp::GeluTanh;
+    const Shape x_shape = x.shape();
+    autograd::record(name, {x, w, b}, {y},
+                     [sx, sw, saved, uop, gx, gw, gb, x_shape, rows, out](const std::vector<AnyTensor>& g) {
+                       const AnyTensor gy = g[0].reshape(Shape{rows, out});
+                       AnyTensor gz = AnyTensor::empty(gy.shape(), gy.dtype(), gy.device());
+                       if (gz.numel() > 0)
+                         gz.backend().unary_backward(uop, gz.dtype(), saved.data_ptr(), nullptr, gy.data_ptr(),
+                                                     gz.data_ptr(), gz.numel(), 0.0, 0.0);
+                       AnyTensor dx, dw, db;
+                       if (gx) dx = detail::mm_raw(gz, sw, false, false).reshape(x_shape);
+                       if (gw) dw = detail::mm_raw(gz, sx, true, false);
+                       if (gb) db = detail::reduce_dim_raw(ReduceOp::Sum, gz, 0).reshape(Shape{out});
+                       return std::vector<AnyTensor>{dx, dw, db};
+                     });
+  }
+  return y;
+}
+
 }  // namespace ember::op
 
 namespace ember {
@@ -213,5 +297,10 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool trans_a = false, b
 template <Element T>
 Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>()) {
   return Tensor<T>(op::linear(x, w, b));
+}
+// act(x W^T + b) as one op (op::linear_act); b may be undefined.
+template <Element T>
+Tensor<T> linear_act(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, LinearActivation act) {
+  return Tensor<T>(op::linear_act(x, w, b, act));
 }
 }  // namespace ember

@@ -17,6 +17,7 @@
 #include "ember/backend/cuda/allocator.hpp"
 #include "ember/backend/cuda/conv.hpp"
 #include "ember/backend/cuda/cublas.hpp"
+#include "ember/backend/cuda/cublas_lt.hpp"
 #include "ember/backend/cuda/kernels/elementwise.cuh"
 #include "ember/backend/cuda/kernels/index.cuh"
 #include "ember/backend/cuda/kernels/pool.cuh"
@@ -520,6 +521,14 @@ class CudaBackend final : public Backend {
   }
 
   void gemm(const GemmArgs& args) override { ::ember::cuda::gemm(device_, args); }
+  // Bias and activation in cuBLASLt's epilogue (backend/cuda/cublas_lt.hpp), else the composite.
+  void linear_act_forward(const LinearActArgs& a, const void* x, const void* w, const void* b, void* z,
+                          void* y) override {
+    auto workspace = [this](size_t bytes) { return alloc_.allocate(bytes); };
+    auto release = [this](void* p, size_t bytes) { alloc_.deallocate(p, bytes); };
+    if (::ember::cuda::linear_act_lt(device_, stream_, a, x, w, b, z, y, workspace, release)) return;
+    Backend::linear_act_forward(a, x, w, b, z, y);
+  }
 
   // ---- softmax
   void softmax(DType t, const void* x, void* y, int64_t rows, int64_t cols, bool log) override {
