@@ -616,7 +616,11 @@ TEST_CASE("parity: gemm", "[cuda][parity]") {
 // ------------------------------------------------------------------------------------------------
 TEST_CASE("parity: softmax and log_softmax", "[cuda][parity]") {
   EMBER_REQUIRE_GPU();
-  const std::pair<int64_t, int64_t> shapes[] = {{7, 33}, {130, 1024}, {5, 3000}, {3, 10000}, {1, 1}};
+  // Rows of 16-byte packs in registers (kernels/softmax.cuh) at several packs per lane (64, 200,
+  // 520, 1024 columns: 1 to 8 packs of floats, a partly filled last one at 200 and 520), rows
+  // that are no whole number of packs (33) and longer rows (3000, 10000: a block per row).
+  const std::pair<int64_t, int64_t> shapes[] = {{7, 33},  {130, 1024}, {33, 64}, {65, 200},
+                                                {17, 520}, {5, 3000},   {3, 10000}, {1, 1}};
   for (DType t : kFloatDTypes) {
     for (const auto& [rows, cols] : shapes) {
       for (bool log : {false, true}) {

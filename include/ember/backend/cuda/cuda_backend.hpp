@@ -536,13 +536,7 @@ class CudaBackend final : public Backend {
       using T = decltype(tag);
       if (rows <= 0 || cols <= 0) return;
       Guard g(device_);
-      const SoftmaxLaunch l = softmax_launch(rows, cols, sm_count_);
-      if (l.block_per_row)
-        softmax_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(static_cast<const T*>(x), static_cast<T*>(y), rows,
-                                                                   cols, log);
-      else
-        softmax_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(static_cast<const T*>(x), static_cast<T*>(y), rows,
-                                                                    cols, log);
+      launch_softmax_forward<T>(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, log, sm_count_, stream_);
       EMBER_CUDA_CHECK_LAUNCH();
     });
   }
@@ -552,13 +546,8 @@ class CudaBackend final : public Backend {
       using T = decltype(tag);
       if (rows <= 0 || cols <= 0) return;
       Guard g(device_);
-      const SoftmaxLaunch l = softmax_launch(rows, cols, sm_count_);
-      if (l.block_per_row)
-        softmax_backward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(
-            static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols, log);
-      else
-        softmax_backward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(
-            static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols, log);
+      launch_softmax_backward<T>(static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols,
+                                 log, sm_count_, stream_);
       EMBER_CUDA_CHECK_LAUNCH();
     });
   }
@@ -571,19 +560,9 @@ class CudaBackend final : public Backend {
       using S = norm_stat_t<T>;
       if (a.rows <= 0 || a.cols <= 0) return;
       Guard g(device_);
-      const SoftmaxLaunch l = softmax_launch(a.rows, a.cols, sm_count_);
-      const T* xt = static_cast<const T*>(x);
-      const T* wt = static_cast<const T*>(w);
-      const T* bt = static_cast<const T*>(b);
-      T* yt = static_cast<T*>(y);
-      S* mt = static_cast<S*>(mean);
-      S* rt = static_cast<S*>(rstd);
-      if (l.block_per_row)
-        norm_forward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(xt, wt, bt, yt, mt, rt, a.rows, a.cols, a.eps,
-                                                                        a.rms);
-      else
-        norm_forward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(xt, wt, bt, yt, mt, rt, a.rows, a.cols, a.eps,
-                                                                         a.rms);
+      launch_norm_forward<T>(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
+                             static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd), a.rows, a.cols, a.eps,
+                             a.rms, sm_count_, stream_);
       EMBER_CUDA_CHECK_LAUNCH();
     });
   }
@@ -595,19 +574,9 @@ class CudaBackend final : public Backend {
       if (a.cols <= 0) return;
       Guard g(device_);
       if (a.rows > 0) {
-        const SoftmaxLaunch l = softmax_launch(a.rows, a.cols, sm_count_);
-        const T* xt = static_cast<const T*>(x);
-        const T* wt = static_cast<const T*>(w);
-        const S* mt = static_cast<const S*>(mean);
-        const S* rt = static_cast<const S*>(rstd);
-        const T* gyt = static_cast<const T*>(gy);
-        T* gxt = static_cast<T*>(gx);
-        if (l.block_per_row)
-          norm_backward_kernel<T, true><<<l.grid, l.threads, 0, stream_>>>(xt, wt, mt, rt, gyt, gxt, a.rows, a.cols,
-                                                                           a.rms);
-        else
-          norm_backward_kernel<T, false><<<l.grid, l.threads, 0, stream_>>>(xt, wt, mt, rt, gyt, gxt, a.rows, a.cols,
-                                                                            a.rms);
+        launch_norm_backward<T>(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const S*>(mean),
+                                static_cast<const S*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), a.rows,
+                                a.cols, a.rms, sm_count_, stream_);
         EMBER_CUDA_CHECK_LAUNCH();
       }
       if (gw || gb) {

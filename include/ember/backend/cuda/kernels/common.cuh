@@ -19,6 +19,16 @@
 namespace ember::cuda_impl {
 namespace {
 
+// 16 bytes of T, loaded and stored as one ld/st.global.v4 (the dense elementwise kernels, the
+// packed softmax rows).
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // Arithmetic type of a kernel, as on the CPU (cpu::calc_t): float for the 16-bit floats, double
 // for the integers, T itself for float and double.
 template <class T>

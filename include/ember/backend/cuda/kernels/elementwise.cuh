@@ -95,13 +95,7 @@ __global__ void unary_kernel(UnaryOp op, const T* x, T* out, int64_t n, calc_t<T
 // vectorised kernels reached 3.6-3.9 (bench_core add / relu, 2026-12-04). The arithmetic per
 // element is unchanged, so the results are the same bits. Used when every dense operand is 16-byte
 // aligned; the tail of fewer than one pack is done element by element.
-template <class T>
-struct alignas(16) Pack {
-  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
-  T v[kSize];
-};
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Pack<T> and aligned16: kernels/common.cuh.
 
 template <class T>
 __device__ __forceinline__ calc_t<T> unary_one(UnaryOp op, T x, calc_t<T> a, calc_t<T> b) {
