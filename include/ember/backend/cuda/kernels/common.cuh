@@ -19,8 +19,7 @@
 namespace ember::cuda_impl {
 namespace {
 
-// 16 bytes of T, loaded and stored as one ld/st.global.v4 (the dense elementwise kernels, the
-// packed softmax rows).
+// 16 bytes of T, loaded and stored as one ld/st.global.v4 (the dense elementwise kernels).
 template <class T>
 struct alignas(16) Pack {
   static constexpr int kSize = 16 / static_cast<int>(sizeof(T));

@@ -244,164 +244,14 @@ __global__ void norm_backward_kernel(const T* __restrict__ x, const T* __restric
   }
 }
 
-// ---------------------------------------------------------------- packed rows in registers
-// As softmax.cuh's packed kernels: a warp per row of at most kWarpMaxCols whose length is a
-// multiple of a 16-byte pack (x, y, gy, gx, w and b 16-byte aligned), lane l holding packs l,
-// l + 32, ... (one ld.global.v4 each), kPacks rounded up to a power of two so that short rows keep
-// few registers. The operations are those of the loops above; each lane's Welford / sums visit its
-// elements in another order, so the last bits of the statistics may differ.
-template <class T, int kPacks>
-__global__ void __launch_bounds__(kSoftmaxWarpThreads)
-    norm_forward_packed_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                               T* __restrict__ y, norm_stat_t<T>* __restrict__ mean,
-                               norm_stat_t<T>* __restrict__ rstd, int64_t rows, int64_t cols, double eps, bool rms) {
-  using C = calc_t<T>;
-  using S = norm_stat_t<T>;
-  constexpr int P = Pack<T>::kSize;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t packs = cols / P;
-  const int64_t warps = blockDim.x / 32;
-  const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w);
-  const Pack<T>* bp = reinterpret_cast<const Pack<T>*>(b);
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * warps) {
-    const Pack<T>* xr = reinterpret_cast<const Pack<T>*>(x + r * cols);
-    Pack<T>* yr = reinterpret_cast<Pack<T>*>(y + r * cols);
-    C v[kPacks][P];
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      if (lane + 32 * j < packs) {
-        const Pack<T> pk = xr[lane + 32 * j];
-#pragma unroll
-        for (int e = 0; e < P; ++e) v[j][e] = to_calc<T>(pk.v[e]);
-      }
-    }
-    S mu = 0, var = 0;
-    const C k0 = rms ? C(0) : to_calc<T>(x[r * cols]);  // the shift of the Welford sums, as the CPU
-    if (rms) {
-      S sq = 0;
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j)
-        if (lane + 32 * j < packs) {
-#pragma unroll
-          for (int e = 0; e < P; ++e) {
-            const S u = static_cast<S>(v[j][e]);
-            sq += u * u;
-          }
-        }
-      sq = group_reduce<false>(sq, SumOp{}, S(0), static_cast<S*>(nullptr));
-      var = sq / static_cast<S>(cols);
-    } else {
-      const S ks = static_cast<S>(k0);
-      Welford<S> st{S(0), S(0), S(0)};
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j)
-        if (lane + 32 * j < packs) {
-#pragma unroll
-          for (int e = 0; e < P; ++e) {
-            const S u = static_cast<S>(v[j][e]) - ks;
-            st.n += S(1);
-            const S d = u - st.mean;
-            st.mean += d / st.n;
-            st.m2 += d * (u - st.mean);
-          }
-        }
-      st = group_welford<false>(st, static_cast<Welford<S>*>(nullptr));
-      mu = st.mean;
-      var = st.m2 / static_cast<S>(cols);
-    }
-    const S rs = S(1) / sqrt(var + static_cast<S>(eps));
-    if (lane == 0) {
-      if (mean) mean[r] = static_cast<S>(k0) + mu;
-      rstd[r] = rs;
-    }
-    const C m = static_cast<C>(mu), sc = static_cast<C>(rs);
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int64_t p = lane + 32 * j;
-      if (p < packs) {
-        Pack<T> pw, pb, o;
-        if (w) pw = wp[p];
-        if (b) pb = bp[p];
-#pragma unroll
-        for (int e = 0; e < P; ++e) {
-          C out = ((v[j][e] - k0) - m) * sc;
-          if (w) out = out * to_calc<T>(pw.v[e]);
-          if (b) out = out + to_calc<T>(pb.v[e]);
-          o.v[e] = from_calc<T>(out);
-        }
-        yr[p] = o;
-      }
-    }
-  }
-}
-
-template <class T, int kPacks>
-__global__ void __launch_bounds__(kSoftmaxWarpThreads)
-    norm_backward_packed_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                const norm_stat_t<T>* __restrict__ mean, const norm_stat_t<T>* __restrict__ rstd,
-                                const T* __restrict__ gy, T* __restrict__ gx, int64_t rows, int64_t cols, bool rms) {
-  using C = calc_t<T>;
-  constexpr int P = Pack<T>::kSize;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t packs = cols / P;
-  const int64_t warps = blockDim.x / 32;
-  const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w);
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * warps) {
-    const Pack<T>* xr = reinterpret_cast<const Pack<T>*>(x + r * cols);
-    const Pack<T>* gr = reinterpret_cast<const Pack<T>*>(gy + r * cols);
-    Pack<T>* out = reinterpret_cast<Pack<T>*>(gx + r * cols);
-    const C m = rms ? C(0) : static_cast<C>(mean[r]);
-    const C s = static_cast<C>(rstd[r]);
-    C xh[kPacks][P], gv[kPacks][P];
-    C sg = 0, sgx = 0;
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int64_t p = lane + 32 * j;
-      if (p < packs) {
-        const Pack<T> px = xr[p], pg = gr[p];
-        Pack<T> pw;
-        if (w) pw = wp[p];
-#pragma unroll
-        for (int e = 0; e < P; ++e) {
-          xh[j][e] = (to_calc<T>(px.v[e]) - m) * s;
-          gv[j][e] = to_calc<T>(pg.v[e]) * (w ? to_calc<T>(pw.v[e]) : C(1));
-          sg += gv[j][e];
-          sgx += gv[j][e] * xh[j][e];
-        }
-      }
-    }
-    sg = group_reduce<false>(sg, SumOp{}, C(0), static_cast<C*>(nullptr));
-    sgx = group_reduce<false>(sgx, SumOp{}, C(0), static_cast<C*>(nullptr));
-    const C inv_n = C(1) / static_cast<C>(cols);
-    const C mg = rms ? C(0) : sg * inv_n, mgx = sgx * inv_n;
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int64_t p = lane + 32 * j;
-      if (p < packs) {
-        Pack<T> o;
-#pragma unroll
-        for (int e = 0; e < P; ++e) o.v[e] = from_calc<T>(s * (gv[j][e] - mg - xh[j][e] * mgx));
-        out[p] = o;
-      }
-    }
-  }
-}
-
-// The row kernels' launches (the backend's norm_forward / norm_backward): the packed kernels where
-// they apply, else a warp or a block per row.
+// The row kernels' launches (the backend's norm_forward / norm_backward): a warp or a block per
+// row. (Rows as 16-byte packs with fewer registers: commit 9c46403, waiting for a GPU run.)
 template <class T>
 inline void launch_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean,
                                 norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps, bool rms, int sm_count,
                                 cudaStream_t stream) {
   const SoftmaxLaunch l = softmax_launch(rows, cols, sm_count);
-  if (const int k = softmax_packs_per_lane<T>(cols, {x, y, w, b}); k > 0) {
-    with_packs_per_lane<T>(k, [&](auto kp) {
-      norm_forward_packed_kernel<T, decltype(kp)::value>
-          <<<l.grid, l.threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, cols, eps, rms);
-    });
-  } else if (l.block_per_row) {
+  if (l.block_per_row) {
     norm_forward_kernel<T, true><<<l.grid, l.threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, cols, eps, rms);
   } else {
     norm_forward_kernel<T, false><<<l.grid, l.threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, cols, eps, rms);
@@ -412,12 +262,7 @@ inline void launch_norm_backward(const T* x, const T* w, const norm_stat_t<T>* m
                                  const T* gy, T* gx, int64_t rows, int64_t cols, bool rms, int sm_count,
                                  cudaStream_t stream) {
   const SoftmaxLaunch l = softmax_launch(rows, cols, sm_count);
-  if (const int k = softmax_packs_per_lane<T>(cols, {x, gy, gx, w}); k > 0) {
-    with_packs_per_lane<T>(k, [&](auto kp) {
-      norm_backward_packed_kernel<T, decltype(kp)::value>
-          <<<l.grid, l.threads, 0, stream>>>(x, w, mean, rstd, gy, gx, rows, cols, rms);
-    });
-  } else if (l.block_per_row) {
+  if (l.block_per_row) {
     norm_backward_kernel<T, true><<<l.grid, l.threads, 0, stream>>>(x, w, mean, rstd, gy, gx, rows, cols, rms);
   } else {
     norm_backward_kernel<T, false><<<l.grid, l.threads, 0, stream>>>(x, w, mean, rstd, gy, gx, rows, cols, rms);
