@@ -171,6 +171,17 @@ inline int64_t linear_rows(const AnyTensor& x) {
   return rows;
 }
 
+// The gradients of y = x W^T + b from gy [rows, out] (x saved as [rows, in]): gx = gy W (in x's
+// shape), gW = gy^T x, gb = the column sums of gy; each only where asked for.
+inline std::vector<AnyTensor> linear_backward(const AnyTensor& gy, const AnyTensor& x2, const AnyTensor& w, bool gx,
+                                              bool gw, bool gb, const Shape& x_shape) {
+  AnyTensor dx, dw, db;
+  if (gx) dx = mm_raw(gy, w, false, false).reshape(x_shape);
+  if (gw) dw = mm_raw(gy, x2, true, false);
+  if (gb) db = reduce_dim_raw(ReduceOp::Sum, gy, 0).reshape(Shape{w.shape()[0]});
+  return {dx, dw, db};
+}
+
 inline const char* linear_act_name(LinearActivation a) {
   switch (a) {
     case LinearActivation::None: return "linear";
@@ -216,12 +227,7 @@ inline AnyTensor linear(const AnyTensor& x, const AnyTensor& w, const AnyTensor&
     AnyTensor sx = x2.detach(), sw = w.detach();
     const Shape x_shape = x.shape();
     autograd::record("linear", {x, w, b}, {y}, [sx, sw, gx, gw, gb, x_shape, rows, out](const std::vector<AnyTensor>& g) {
-      const AnyTensor gy = g[0].reshape(Shape{rows, out});
-      AnyTensor dx, dw, db;
-      if (gx) dx = detail::mm_raw(gy, sw, false, false).reshape(x_shape);
-      if (gw) dw = detail::mm_raw(gy, sx, true, false);
-      if (gb) db = detail::reduce_dim_raw(ReduceOp::Sum, gy, 0).reshape(Shape{out});
-      return std::vector<AnyTensor>{dx, dw, db};
+      return detail::linear_backward(g[0].reshape(Shape{rows, out}), sx, sw, gx, gw, gb, x_shape);
     });
   }
   return y;
@@ -276,11 +282,7 @@ inline AnyTensor linear_act(const AnyTensor& x, const AnyTensor& w, const AnyTen
                        if (gz.numel() > 0)
                          gz.backend().unary_backward(uop, gz.dtype(), saved.data_ptr(), nullptr, gy.data_ptr(),
                                                      gz.data_ptr(), gz.numel(), 0.0, 0.0);
-                       AnyTensor dx, dw, db;
-                       if (gx) dx = detail::mm_raw(gz, sw, false, false).reshape(x_shape);
-                       if (gw) dw = detail::mm_raw(gz, sx, true, false);
-                       if (gb) db = detail::reduce_dim_raw(ReduceOp::Sum, gz, 0).reshape(Shape{out});
-                       return std::vector<AnyTensor>{dx, dw, db};
+                       return detail::linear_backward(gz, sx, sw, gx, gw, gb, x_shape);
                      });
   }
   return y;
