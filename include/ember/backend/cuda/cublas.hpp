@@ -26,14 +26,7 @@ inline void check_cublas(cublasStatus_t s, const char* call, const char* file, i
 // mode forbids TF32 (fp32 GEMMs match the CPU) and reduced-precision split-K reductions (fp16/bf16
 // GEMMs accumulate in fp32 all the way). Never destroyed: it must outlive static destruction.
 inline cublasHandle_t cublas_handle(int device) {
-  internal::check_device_index(device, "cublas_handle");
-  struct Slot {
-    std::once_flag once;
-    cublasHandle_t handle = nullptr;
-  };
-  static Slot* const slots = new Slot[static_cast<size_t>(runtime_device_count() > 0 ? runtime_device_count() : 1)];  // never freed
-  Slot& s = slots[static_cast<size_t>(device)];
-  std::call_once(s.once, [&] {
+  return internal::once_per_device<cublasHandle_t>(device, "cublas_handle", [&] {
     cudaStream_t stream = current_stream(device);
     DeviceGuard guard(device);
     cublasHandle_t h = nullptr;
@@ -41,9 +34,8 @@ inline cublasHandle_t cublas_handle(int device) {
     EMBER_CUBLAS_CHECK(cublasSetStream(h, stream));
     EMBER_CUBLAS_CHECK(cublasSetMathMode(
         h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    s.handle = h;
+    return h;
   });
-  return s.handle;
 }
 
 // C[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C, row-major, batched with element strides, on the

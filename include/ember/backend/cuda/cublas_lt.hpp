@@ -29,20 +29,12 @@ namespace ember::cuda {
 // The cuBLASLt handle of a device, created on first use (the stream is passed per call). Never
 // destroyed: it must outlive static destruction, as the cuBLAS handle.
 inline cublasLtHandle_t cublaslt_handle(int device) {
-  internal::check_device_index(device, "cublaslt_handle");
-  struct Slot {
-    std::once_flag once;
-    cublasLtHandle_t handle = nullptr;
-  };
-  static Slot* const slots = new Slot[static_cast<size_t>(runtime_device_count() > 0 ? runtime_device_count() : 1)];  // never freed
-  Slot& s = slots[static_cast<size_t>(device)];
-  std::call_once(s.once, [&] {
+  return internal::once_per_device<cublasLtHandle_t>(device, "cublaslt_handle", [&] {
     DeviceGuard guard(device);
     cublasLtHandle_t h = nullptr;
     EMBER_CUBLAS_CHECK(cublasLtCreate(&h));
-    s.handle = h;
+    return h;
   });
-  return s.handle;
 }
 
 namespace internal {

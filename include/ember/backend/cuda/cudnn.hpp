@@ -31,22 +31,14 @@ inline size_t cudnn_runtime_version() { return cudnnGetVersion(); }
 // The cuDNN handle of a device, bound to current_stream(device). Never destroyed (it must outlive
 // static destruction, when the driver may already be gone).
 inline cudnnHandle_t cudnn_handle(int device) {
-  internal::check_device_index(device, "cudnn_handle");
-  struct Slot {
-    std::once_flag once;
-    cudnnHandle_t handle = nullptr;
-  };
-  static Slot* const slots = new Slot[static_cast<size_t>(runtime_device_count() > 0 ? runtime_device_count() : 1)];  // never freed
-  Slot& s = slots[static_cast<size_t>(device)];
-  std::call_once(s.once, [&] {
+  return internal::once_per_device<cudnnHandle_t>(device, "cudnn_handle", [&] {
     cudaStream_t stream = current_stream(device);
     DeviceGuard guard(device);
     cudnnHandle_t h = nullptr;
     EMBER_CUDNN_CHECK(cudnnCreate(&h));
     EMBER_CUDNN_CHECK(cudnnSetStream(h, stream));
-    s.handle = h;
+    return h;
   });
-  return s.handle;
 }
 
 }  // namespace ember::cuda

@@ -139,6 +139,23 @@ inline void check_device_index(int device, const char* what) {
   EMBER_CHECK(device >= 0 && device < runtime_device_count(), DeviceError, what, ": device cuda:", device,
               " requested but ", runtime_device_count(), " CUDA device(s) are available");
 }
+
+// The value make() gives for a device (a library handle, an attribute), made once per device on
+// first use (std::call_once: thread-safe; a throw leaves it to the next call) and kept for the
+// program's life: the slots are never freed, so handles outlive static destruction, when the
+// driver may already be gone. Each call site has its own slots (Make is its lambda's type).
+template <class V, class Make>
+V once_per_device(int device, const char* what, Make&& make) {
+  check_device_index(device, what);
+  struct Slot {
+    std::once_flag once;
+    V value{};
+  };
+  static Slot* const slots = new Slot[static_cast<size_t>(runtime_device_count() > 0 ? runtime_device_count() : 1)];
+  Slot& s = slots[static_cast<size_t>(device)];
+  std::call_once(s.once, [&] { s.value = make(); });
+  return s.value;
+}
 }  // namespace internal
 
 // The stream on which ember works on `device`: created on first use with cudaStreamNonBlocking
@@ -156,17 +173,11 @@ inline cudaStream_t current_stream(int device) {
 
 // Number of streaming multiprocessors of a device (asked once per device).
 inline int multiprocessor_count(int device) {
-  internal::check_device_index(device, "multiprocessor_count");
-  struct Slot {
-    std::once_flag once;
+  return internal::once_per_device<int>(device, "multiprocessor_count", [&] {
     int count = 0;
-  };
-  static Slot* const slots = new Slot[static_cast<size_t>(runtime_device_count() > 0 ? runtime_device_count() : 1)];
-  Slot& s = slots[static_cast<size_t>(device)];
-  std::call_once(s.once, [&] {
-    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&s.count, cudaDevAttrMultiProcessorCount, device));
+    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
   });
-  return s.count;
 }
 
 // "1.50 GiB" style sizes for messages.
