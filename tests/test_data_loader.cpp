@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <set>
 #include <thread>
@@ -182,6 +183,54 @@ TEST_CASE("DataLoader: batches are bitwise identical for 0, 1, 2 and 4 workers w
   Run other = run_epochs(ds, {.batch_size = 37, .seed = 12, .transform = augment()}, 1);
   Run same = run_epochs(ds, {.batch_size = 37, .seed = 11, .transform = augment()}, 1);
   CHECK(other.bytes != same.bytes);
+}
+
+TEST_CASE("DataLoader: workers feeding a convolution model train to the same bits as no workers",
+          "[data][loader][threads][onednn]") {
+  // The workers make the batches (blocks of the host allocator's cache: a batch is 73,728 bytes,
+  // above its 64 KiB threshold) that the training thread's convolutions, pooling and GEMMs read
+  // and free; the cache hands the freed blocks back to the workers. With oneDNN built in and more
+  // than one ember thread, the fp32 convolutions run through it. Under ThreadSanitizer this is
+  // the loader-to-training hand-off over oneDNN's path (docs/architecture.md).
+  const int threads_before = get_num_threads();
+  set_num_threads(std::max(2, threads_before));
+  auto ds = image_dataset(96, 24, 24);
+  auto train = [&](int workers) {
+    Generator gen(5);  // the initial weights
+    GeneratorScope scope(gen);
+    nn::Sequential model;
+    model.emplace<nn::Conv2d>(1, 4, 3, nn::Conv2dOptions{.padding = {1, 1}});
+    model.emplace<nn::ReLU>();
+    model.emplace<nn::MaxPool2d>(2);
+    model.emplace<nn::Flatten>();
+    model.emplace<nn::Linear>(4 * 12 * 12, 3);
+    optim::SGD opt(model.parameters(), {.lr = 0.01});
+    DataLoader loader(ds, {.batch_size = 32, .shuffle = true, .seed = 4, .num_workers = workers, .prefetch = 2,
+                           .transform = Compose({ToFloat{}, RandomHorizontalFlip{0.5}, Normalize{{0.5f}, {0.25f}}})});
+    std::vector<float> losses;
+    for (int epoch = 0; epoch < 2; ++epoch)
+      for (Batch& b : loader) {
+        FloatTensor x = b.get<float>("image");
+        FloatTensor y = b.get<int64_t>("label").to<float>() * (1.0f / 96);
+        FloatTensor out = model(x.reshape({x.shape()[0], 1, 24, 24}));
+        FloatTensor loss = nn::functional::mse_loss(sum(out, {1}), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        losses.push_back(loss.item());
+      }
+    for (const auto& [name, p] : model.named_parameters()) {
+      const auto v = FloatTensor(p).to_vector();
+      losses.insert(losses.end(), v.begin(), v.end());
+    }
+    return losses;
+  };
+  const std::vector<float> alone = train(0);
+  const std::vector<float> fed = train(2);
+  set_num_threads(threads_before);
+  REQUIRE(alone.size() > 6);
+  CHECK(fed.size() == alone.size());
+  CHECK(std::memcmp(fed.data(), alone.data(), alone.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("DataLoader: resume mid-epoch from state() gives the remaining batches, no replay",

@@ -3,16 +3,21 @@
 // checkpointing replaying without rewinding a shared generator, the generator saved and replayed
 // through CheckpointManager on a thread, grad mode and anomaly mode per thread, and two models
 // trained on two threads at once bitwise equal to the same trainings one after the other (also
-// with a profiler session recording both). Run under ThreadSanitizer too (docs/profiling.md).
+// with a profiler session recording both), and convolution, pooling and GEMM on threads released
+// at once (oneDNN's process-wide primitive cache, the host allocator's cache) equal to one
+// thread's bits. Run under ThreadSanitizer too (docs/architecture.md, "Threads and oneDNN").
 #include <catch2/catch.hpp>
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <filesystem>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include <ember/backend/cpu/conv.hpp>
 #include <ember/ember.hpp>
 #include <ember/profile/profiler.hpp>
 #include <ember/train/checkpoint_manager.hpp>
@@ -100,6 +105,55 @@ TrainResult run_training(uint64_t seed, bool checkpointed, bool anomaly) {
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
+
+// One step of a small CNN on the calling thread: conv2d (+ bias) -> relu -> max-pool -> flatten
+// -> matmul, then backward, so that all three convolution directions, the pooling's backward and
+// GEMMs with either operand transposed run. Returns the output and every gradient, appended. Each
+// `shape` is a problem no other shape shares (its own channels and size), so that the first
+// thread to ask for it makes oneDNN's primitives while the others ask for the same ones.
+std::vector<float> cnn_step(int shape) {
+  Generator gen(1000 + static_cast<uint64_t>(shape));
+  GeneratorScope own(gen);
+  const int64_t n = 2, c = 2 + shape % 3, h = 8 + 2 * shape, k = 4 + shape % 4;
+  FloatTensor x = FloatTensor::randn({n, c, h, h}).set_requires_grad();
+  FloatTensor w = FloatTensor::randn({k, c, 3, 3}).set_requires_grad();
+  FloatTensor b = FloatTensor::randn({k}).set_requires_grad();
+  const int64_t features = k * (h / 2) * (h / 2);
+  FloatTensor fc = FloatTensor::randn({features, 5}).set_requires_grad();
+  FloatTensor y = relu(conv2d(x, w, b, {{1, 1}, {1, 1}, {1, 1}, 1}));
+  FloatTensor out = matmul(max_pool2d(y).reshape({n, features}), fc);
+  sum(square(out)).backward();
+  std::vector<float> bits = out.to_vector();
+  for (const FloatTensor* t : {&x, &w, &b, &fc}) {
+    const auto g = FloatTensor(t->grad()).to_vector();
+    bits.insert(bits.end(), g.begin(), g.end());
+  }
+  return bits;
+}
+
+// Lets `count` threads wait until all have arrived, then go at once (C++20's std::barrier is not
+// in every standard library ember builds with).
+class StartLine {
+ public:
+  explicit StartLine(int count) : waiting_(count) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (--waiting_ == 0) cv_.notify_all();
+    else cv_.wait(lock, [&] { return waiting_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_;
+};
+
+// Sets ember's thread count for a scope (the convolutions go to oneDNN only above one thread).
+struct ThreadCountForTest {
+  int before = get_num_threads();
+  explicit ThreadCountForTest(int n) { set_num_threads(n); }
+  ~ThreadCountForTest() { set_num_threads(before); }
+};
 
 }  // namespace
 
@@ -332,4 +386,43 @@ TEST_CASE("threads: two models trained on two threads at once equal the same tra
   for (const auto& ev : prof.events())
     if (ev.name == "linear") threads_with_linear.insert(ev.thread);
   CHECK(threads_with_linear.size() == 2);
+}
+
+TEST_CASE("threads: convolution, pooling and GEMM on threads released at once equal one thread's bits",
+          "[threads][onednn]") {
+  // Three threads start every round together on a shape none has seen, so that oneDNN's
+  // process-wide primitive cache hands the primitives one thread makes to the others while they
+  // ask, and the host allocator's cache hands blocks freed on one thread to another (the
+  // activations here are above its 64 KiB threshold). With oneDNN built in and more than one
+  // thread, the fp32 convolutions and GEMMs run through it (backend/cpu/conv.hpp, gemm.hpp).
+  const ThreadCountForTest two(std::max(2, get_num_threads()));
+  INFO("convolutions through oneDNN: " << (cpu::conv_prefers_onednn() ? "yes" : "no (im2col + GEMM)"));
+  constexpr int kShapes = 8, kThreads = 3;
+  std::vector<std::vector<std::vector<float>>> got(kThreads, std::vector<std::vector<float>>(kShapes));
+  std::vector<std::exception_ptr> errors(kThreads);
+  std::vector<std::unique_ptr<StartLine>> lines;
+  for (int shape = 0; shape < kShapes; ++shape) lines.push_back(std::make_unique<StartLine>(kThreads));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.push_back(spawn(
+        [&, t] {
+          for (int shape = 0; shape < kShapes; ++shape) {
+            lines[static_cast<size_t>(shape)]->arrive_and_wait();
+            got[static_cast<size_t>(t)][static_cast<size_t>(shape)] = cnn_step(shape);
+          }
+        },
+        errors[static_cast<size_t>(t)]));
+  for (auto& th : threads) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  // The reference: the same shapes on this thread alone, after the threads (its own cache of
+  // prepared problems is empty for them; oneDNN's process-wide one now holds them).
+  for (int shape = 0; shape < kShapes; ++shape) {
+    const std::vector<float> alone = cnn_step(shape);
+    REQUIRE(alone.size() > 100);
+    for (int t = 0; t < kThreads; ++t) {
+      INFO("shape " << shape << ", thread " << t);
+      CHECK(bitwise_equal(got[static_cast<size_t>(t)][static_cast<size_t>(shape)], alone));
+    }
+  }
 }

@@ -3,9 +3,9 @@
 #   bash tools/sanitize.sh asan  [ctest -R regex]  every CPU test area built with AddressSanitizer +
 #                                                  UndefinedBehaviorSanitizer (-fno-sanitize-recover:
 #                                                  the first report fails the test), then ctest
-#   bash tools/sanitize.sh tsan  [ctest -R regex]  the threaded test areas under ThreadSanitizer
-#                                                  (OPENBLAS_NUM_THREADS=1: OpenBLAS's own threads are
-#                                                  not instrumented)
+#   bash tools/sanitize.sh tsan  [ctest -R regex]  the threaded test areas and ddp_train's thread
+#                                                  ranks under ThreadSanitizer, over the default
+#                                                  build's oneDNN path (see the tsan case below)
 # Build folders: build-asan, build-tsan (EMBER_SANITIZE_BUILD_DIR overrides). CPU only (the CUDA
 # runtime is not instrumented and there is no GPU here), no examples, benchmarks, header or
 # package tests: those compile the same headers, and the examples' ctest entries would train
@@ -36,6 +36,8 @@ case $mode in
     flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
     extra=()
     targets=()  # every test area, unless EMBER_SANITIZE_AREAS names some
+    examples=()
+    example_tests=""
     if [[ -n ${EMBER_SANITIZE_AREAS:-} ]]; then
       read -r -a targets <<<"$EMBER_SANITIZE_AREAS"
     fi
@@ -48,14 +50,26 @@ case $mode in
   tsan)
     build=${EMBER_SANITIZE_BUILD_DIR:-build-tsan}
     flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
-    # OpenMP's and oneDNN's thread pools are not instrumented (false reports): built without them.
-    extra=(-DEMBER_OPENMP=OFF -DEMBER_ONEDNN=OFF)
+    # ember's own OpenMP is off: GCC's libgomp is not instrumented, so TSan cannot see its team
+    # barriers and would report every parallel_for. oneDNN stays on, as in every default build
+    # (EMBER_SANITIZE_ONEDNN=OFF turns it off, for the im2col + BLAS path); docs/architecture.md,
+    # "Threads and oneDNN", has what this checks and what it cannot.
+    extra=(-DEMBER_OPENMP=OFF -DEMBER_BUILD_EXAMPLES=ON)
+    [[ ${EMBER_SANITIZE_ONEDNN:-ON} == OFF ]] && extra+=(-DEMBER_ONEDNN=OFF)
     targets=()
     for area in "${tsan_areas[@]}"; do
       [[ -f tests/$area.cpp ]] && targets+=("$area")
     done
-    # OpenBLAS's threads are not instrumented either: one thread.
-    export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+    # ddp_train's thread ranks (DataParallel + Adam, ZeRO-1, a failing rank): a CNN whose
+    # convolutions, pooling and GEMMs run on every rank's thread at once.
+    examples=(ddp_train)
+    example_tests='^example\.ddp_train\.(smoke|zero|rank_failure)$'
+    # Two ember threads, so that the fp32 convolutions take oneDNN as they do on any machine with
+    # more than one core (backend/cpu/conv.hpp); OMP_NUM_THREADS=1 keeps libdnnl's own OpenMP
+    # regions (libgomp, not instrumented) on the calling thread; OpenBLAS's pthreads pool starts at
+    # one thread (ember gives it EMBER_NUM_THREADS; its workers touch ember's buffers only in
+    # uninstrumented kernels, so TSan sees none of those accesses).
+    export EMBER_NUM_THREADS=2 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tools/sanitize/tsan.supp}
     ;;
   *)
@@ -78,7 +92,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=OFF -DEM
   exit 1
 }
 if ((${#targets[@]})); then
-  cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+  cmake --build "$build" -j"$jobs" --target "${targets[@]}" "${examples[@]}"
   # ctest only the areas built (their labels are their names).
   label=$(IFS='|'; echo "^(${targets[*]})\$")
   ctest_args=(-L "$label")
@@ -90,5 +104,9 @@ built=$((SECONDS - start))
 [[ -n $regex ]] && ctest_args+=(-R "$regex")
 status=0
 ctest --test-dir "$build" --output-on-failure -j"$jobs" "${ctest_args[@]}" || status=$?
+# The examples' runs (their own ctest entries), unless a regex narrowed the run.
+if [[ -n $example_tests && -z $regex ]]; then
+  ctest --test-dir "$build" --output-on-failure -j"$jobs" -R "$example_tests" || status=$?
+fi
 echo "sanitize $mode: $( ((status == 0)) && echo clean || echo FAILED ); build ${built}s, total $((SECONDS - start))s"
 exit "$status"

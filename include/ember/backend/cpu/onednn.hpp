@@ -11,6 +11,8 @@
 //
 // Primitives are cached per thread (a primitive must not run concurrently on two threads with the
 // same scratchpad), keyed by the problem; oneDNN's own primitive cache also keeps the JIT code.
+// Threads prepare their problems one at a time (see prepare_lock): oneDNN's process-wide cache
+// hands a primitive made on one thread to the others.
 #include <cstdint>
 
 #include "ember/backend/cpu/parallel.hpp"
@@ -20,6 +22,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 
@@ -53,10 +56,42 @@ inline void ok_or_fail(dnnl_status_t s) {
   if (s != dnnl_success) throw Failed{};
 }
 
+// Runs one primitive (a reorder of one float) on `e`. libdnnl 2.6 reads a setting on the first
+// execution of any primitive in the process (its ITT task level, from the environment) into a
+// global without synchronisation; two threads' first convolutions wrote it at once (the same
+// value: harmless on x86, but a data race that ThreadSanitizer reports against a libdnnl built
+// with it). Done once here, inside the engine's initialisation, every later thread is ordered
+// after it. Failure only means that the warm-up did not run.
+inline void execute_once(dnnl_engine_t e) {
+  const dnnl_dims_t one{1};
+  dnnl_memory_desc_t md;
+  if (dnnl_memory_desc_init_by_tag(&md, 1, one, dnnl_f32, dnnl_a) != dnnl_success) return;
+  dnnl_primitive_desc_t pd = nullptr;
+  if (dnnl_reorder_primitive_desc_create(&pd, &md, e, &md, e, nullptr) != dnnl_success) return;
+  dnnl_primitive_t reorder = nullptr;
+  const bool made = dnnl_primitive_create(&reorder, pd) == dnnl_success;
+  dnnl_primitive_desc_destroy(pd);
+  if (!made) return;
+  float from = 0.0f, to = 0.0f;
+  dnnl_memory_t src = nullptr, dst = nullptr;
+  dnnl_stream_t stream = nullptr;
+  if (dnnl_memory_create(&src, &md, e, &from) == dnnl_success && dnnl_memory_create(&dst, &md, e, &to) == dnnl_success &&
+      dnnl_stream_create(&stream, e, dnnl_stream_default_flags) == dnnl_success) {
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+    if (dnnl_primitive_execute(reorder, stream, 2, args) == dnnl_success) dnnl_stream_wait(stream);
+  }
+  if (stream) dnnl_stream_destroy(stream);
+  if (dst) dnnl_memory_destroy(dst);
+  if (src) dnnl_memory_destroy(src);
+  dnnl_primitive_destroy(reorder);
+}
+
 inline dnnl_engine_t engine() {
   static dnnl_engine_t e = [] {
     dnnl_engine_t h = nullptr;
-    return dnnl_engine_create(&h, dnnl_cpu, 0) == dnnl_success ? h : nullptr;
+    if (dnnl_engine_create(&h, dnnl_cpu, 0) != dnnl_success) return static_cast<dnnl_engine_t>(nullptr);
+    execute_once(h);
+    return h;
   }();
   return e;
 }
@@ -225,13 +260,45 @@ inline std::unique_ptr<Prepared> prepare(const Conv2dArgs& a, ConvDirection dir,
 // every kMaxCached entries instead of growing without end.
 inline constexpr size_t kMaxCached = 64;
 
+// Held while a thread prepares a problem. oneDNN's primitive cache (process-wide, documented
+// thread-safe) gives a thread that asks for a problem another thread already made that thread's
+// primitive and primitive descriptor, ordered by a std::shared_future inside libdnnl; it also
+// makes its own reader-writer lock on first use inside a function-local static. Both orders are
+// real, but they live in libdnnl's uninstrumented code, so ThreadSanitizer saw neither: with two
+// thread ranks it reported this thread's first read of a descriptor another rank had made (in
+// Operand::init) and its first use of the cache's lock as races (docs/architecture.md, "Threads
+// and oneDNN"). Preparing under one lock of ember's puts a happens-before that TSan sees between
+// the thread that made a primitive and every later thread that asks for it. It costs nothing in
+// a training loop: each thread prepares a shape once, and every later call is answered by its
+// own cache without the lock; a second thread asking for a shape that is being made would wait
+// for oneDNN's future anyway.
+inline std::mutex& prepare_lock() {
+  static std::mutex m;
+  return m;
+}
+
+// Releasing a problem drops this thread's references to primitives other threads may share: under
+// the same lock, so that the thread that frees one last is ordered after the one that made it.
+struct ReleaseUnderLock {
+  void operator()(Prepared* p) const {
+    std::lock_guard<std::mutex> lock(prepare_lock());
+    delete p;
+  }
+};
+using PreparedPtr = std::unique_ptr<Prepared, ReleaseUnderLock>;
+
 inline Prepared& cached(const Conv2dArgs& a, ConvDirection dir, Layouts l) {
-  thread_local std::map<Key, std::unique_ptr<Prepared>> cache;
+  thread_local std::map<Key, PreparedPtr> cache;
   const Key k = key_of(a, dir, l);
   auto it = cache.find(k);
   if (it != cache.end()) return *it->second;
   if (cache.size() >= kMaxCached) cache.clear();
-  return *cache.emplace(k, prepare(a, dir, l)).first->second;
+  PreparedPtr made;
+  {
+    std::lock_guard<std::mutex> lock(prepare_lock());
+    made.reset(prepare(a, dir, l).release());
+  }
+  return *cache.emplace(k, std::move(made)).first->second;
 }
 
 inline void run_or_throw(dnnl_status_t s, const char* what) {
