@@ -27,6 +27,8 @@
 # Environment: OUT (default ./gpu-check-out), EMBER_GPU_BUILD_DIR (build-gpu; dry run: build-gpu-dry),
 # EMBER_GPU_JOBS (all cores), EMBER_GPU_DEADLINE (seconds, 520), EMBER_GPU_PYTHON (the Python with
 # PyTorch; default: python3 on PATH), EMBER_TEST_TIMEOUT (per test, 120),
+# EMBER_GPU_SANITIZE (compute-sanitizer tools to run the gpu tests under, e.g. "memcheck racecheck";
+# default none) and EMBER_GPU_SANITIZE_SECONDS (240),
 # EMBER_BENCH_TIMEOUT (per benchmark program, 90), EMBER_GPU_BENCH_PROGRAMS (the benchmark programs
 # to run, space-separated; default all), EMBER_ALLREDUCE_MAX_BYTES (16M), CUDNN_ROOT /
 # NCCL_ROOT (skip the search), EMBER_CMAKE_ARGS (extra configure arguments), and the data paths
@@ -245,6 +247,7 @@ cat <<EOF
   4 build          cmake --build $build --target ember_gpu -j$jobs (GPU tests, benchmarks, quickstart, all-reduce)
   5 parity         ctest -L '^test_backend_parity\$' (every kernel against the CPU), ${test_timeout}s per test
   6 gpu tests      ctest -L '^gpu\$' -LE '^test_backend_parity\$', ${test_timeout}s per test
+ 6b sanitize       only with EMBER_GPU_SANITIZE='memcheck racecheck': the gpu tests under compute-sanitizer
   7 bench torch    python3 benchmarks/bench_torch.py (CUDA events), ${bench_timeout}s
   8 bench <prog>   each benchmark program, --benchmark_filter=_cuda --benchmark_repetitions=3, ${bench_timeout}s each
   9 allreduce      bench_allreduce_nccl one rank and --single-process, up to $allreduce_max
@@ -514,6 +517,63 @@ if ((built)); then
   run_ctest "gpu tests" gpu 30 -L '^gpu$' -LE '^test_backend_parity$' -j "$((jobs < 8 ? jobs : 8))"
 elif ! ((configured)); then
   record "tests" skipped 0 "nothing built"
+fi
+
+# ---------------------------------------------------------------- 6b. compute-sanitizer (on request)
+# EMBER_GPU_SANITIZE="memcheck racecheck": the GPU-labelled tests again, each under NVIDIA's
+# compute-sanitizer with that tool (memcheck: out-of-bounds and misaligned device accesses, leaks of
+# device memory, errors of CUDA calls; racecheck: shared-memory hazards between a block's threads),
+# parity first, for at most EMBER_GPU_SANITIZE_SECONDS (240) split over the tools; a test cut by it
+# is counted as not run. A test fails when the tool reports an error (--error-exitcode).
+sanitize_tools=${EMBER_GPU_SANITIZE:-}
+if [[ -z $sanitize_tools ]]; then
+  record "compute-sanitizer" skipped 0 "not asked (EMBER_GPU_SANITIZE='memcheck racecheck')"
+elif ! ((built)); then
+  record "compute-sanitizer" skipped 0 "nothing built"
+elif ! command -v compute-sanitizer >/dev/null 2>&1; then
+  record "compute-sanitizer" "$([[ $mode == dry ]] && echo dry || echo FAILED)" 0 "compute-sanitizer not on PATH"
+else
+  section "compute-sanitizer ($sanitize_tools)"
+  # The tests' commands, parity's first, from ctest's own description of them.
+  ctest --test-dir "$build" -L '^gpu$' --show-only=json-v1 >"$work/gpu-tests.json" 2>/dev/null
+  "$python" - "$work/gpu-tests.json" >"$work/gpu-tests.cmds" <<'PY'
+import json, shlex, sys
+tests = json.load(open(sys.argv[1])).get("tests", [])
+def labels(t):
+    return [v for p in t.get("properties", []) if p.get("name") == "LABELS" for v in p.get("value", [])]
+tests.sort(key=lambda t: "test_backend_parity" not in labels(t))
+for t in tests:
+    if t.get("command"):
+        print(t["name"].replace("\t", " ") + "\t" + shlex.join(t["command"]))
+PY
+  read -r -a tools <<<"$sanitize_tools"
+  budget=$(( ${EMBER_GPU_SANITIZE_SECONDS:-240} / ${#tools[@]} ))
+  for tool in "${tools[@]}"; do
+    fits "sanitize $tool" 20 || continue
+    t0=$SECONDS ran=0 bad=0 total=0 bad_names=""
+    log=$work/sanitize-$tool.log
+    : >"$log"
+    while IFS=$'\t' read -r name cmd; do
+      total=$((total + 1))
+      used=$((SECONDS - t0))
+      ((used < budget && $(left) > 20)) || continue
+      lim=$(limit $((budget - used < test_timeout * 4 ? budget - used : test_timeout * 4)))
+      echo "==== $name" >>"$log"
+      rc=0
+      timeout -k 5 "$lim" compute-sanitizer --tool "$tool" --error-exitcode 86 --print-limit 20 \
+        bash -c "$cmd" >>"$log" 2>&1 || rc=$?
+      timed_out $rc && { echo "==== $name: cut after ${lim}s" >>"$log"; continue; }
+      ran=$((ran + 1))
+      if ((rc != 0)); then
+        bad=$((bad + 1))
+        bad_names+="${bad_names:+, }$name"
+        echo "==== $name: FAILED (exit $rc)" >>"$log"
+      fi
+    done <"$work/gpu-tests.cmds"
+    detail="$ran of $total tests ran, $bad with errors$([[ -n $bad_names ]] && echo ": ${bad_names:0:100}")"
+    record "sanitize $tool" "$( ((bad > 0)) && echo FAILED || { [[ $mode == dry ]] && echo dry || echo ok; })" \
+      $((SECONDS - t0)) "$detail"
+  done
 fi
 
 # ---------------------------------------------------------------- 7, 8. benchmarks

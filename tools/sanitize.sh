@@ -5,11 +5,16 @@
 #                                                  the first report fails the test), then ctest
 #   bash tools/sanitize.sh tsan  [ctest -R regex]  the threaded test areas and ddp_train's thread
 #                                                  ranks under ThreadSanitizer, over the default
-#                                                  build's oneDNN path (see the tsan case below)
-# Build folders: build-asan, build-tsan (EMBER_SANITIZE_BUILD_DIR overrides). CPU only (the CUDA
-# runtime is not instrumented and there is no GPU here), no examples, benchmarks, header or
-# package tests: those compile the same headers, and the examples' ctest entries would train
-# for minutes at sanitizer speed. Threads for the build: EMBER_JOBS (default 2).
+#                                                  build's oneDNN path, g++ with ember's OpenMP off
+#   bash tools/sanitize.sh tsan-openmp [regex]     the same with OpenMP on everywhere: clang++ and
+#                                                  LLVM's libomp, which ThreadSanitizer understands,
+#                                                  hosting ember's, oneDNN's and OpenBLAS's threads
+# (docs/architecture.md, "Threads and oneDNN", says what each checks and what it cannot.)
+# Build folders: build-asan, build-tsan, build-tsan-openmp (EMBER_SANITIZE_BUILD_DIR overrides).
+# CPU only (the CUDA runtime is not instrumented and there is no GPU here); no benchmarks, header
+# or package tests: those compile the same headers. Of the examples, the TSan modes run only
+# ddp_train's thread ranks (the others would train for minutes at sanitizer speed). Threads for
+# the build: EMBER_JOBS (default 2).
 # Suppressions (tools/sanitize/*.supp) name third-party libraries only, never ember.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,7 +42,8 @@ case $mode in
     extra=()
     targets=()  # every test area, unless EMBER_SANITIZE_AREAS names some
     examples=()
-    example_tests=""
+    example_labels=()
+    test_env=()
     if [[ -n ${EMBER_SANITIZE_AREAS:-} ]]; then
       read -r -a targets <<<"$EMBER_SANITIZE_AREAS"
     fi
@@ -62,18 +68,54 @@ case $mode in
     done
     # ddp_train's thread ranks (DataParallel + Adam, ZeRO-1, a failing rank): a CNN whose
     # convolutions, pooling and GEMMs run on every rank's thread at once.
+    # Their ctest entries carry the label example_threads (examples/CMakeLists.txt).
     examples=(ddp_train)
-    example_tests='^example\.ddp_train\.(smoke|zero|rank_failure)$'
+    example_labels=(example_threads)
     # Two ember threads, so that the fp32 convolutions take oneDNN as they do on any machine with
     # more than one core (backend/cpu/conv.hpp); OMP_NUM_THREADS=1 keeps libdnnl's own OpenMP
     # regions (libgomp, not instrumented) on the calling thread; OpenBLAS's pthreads pool starts at
     # one thread (ember gives it EMBER_NUM_THREADS; its workers touch ember's buffers only in
     # uninstrumented kernels, so TSan sees none of those accesses).
     export EMBER_NUM_THREADS=2 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+    test_env=()
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tools/sanitize/tsan.supp}
     ;;
+  tsan-openmp)
+    # The default build's threading whole: ember's parallel_for, oneDNN's and OpenBLAS's OpenMP
+    # regions on several threads. GCC's libgomp is invisible to TSan, LLVM's libomp is not: ember
+    # is built with clang++ -fopenmp=libomp, and libdnnl and OpenBLAS's OpenMP build, which were
+    # linked against libgomp, find libomp under libgomp's name (a link in the build folder on
+    # LD_LIBRARY_PATH; libomp implements libgomp's entry points for this). Archer, libomp's TSan
+    # tool, is loaded when installed (Debian: libomp-14-dev).
+    build=${EMBER_SANITIZE_BUILD_DIR:-build-tsan-openmp}
+    cxx=${EMBER_SANITIZE_CXX:-clang++}
+    command -v "$cxx" >/dev/null || { echo "sanitize tsan-openmp: $cxx not found (Debian: clang, libomp-14-dev)" >&2; exit 1; }
+    # LLVM's lib folder beside the compiler (Debian: /usr/lib/llvm-14/lib).
+    libomp=$(readlink -f "$(dirname "$(readlink -f "$(command -v "$cxx")")")/../lib/libomp.so" || true)
+    [[ -f $libomp ]] || { echo "sanitize tsan-openmp: $cxx has no libomp (Debian: libomp-14-dev)" >&2; exit 1; }
+    flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
+    extra=(-DCMAKE_CXX_COMPILER="$cxx" -DEMBER_BUILD_EXAMPLES=ON)
+    targets=()
+    for area in "${tsan_areas[@]}"; do
+      [[ -f tests/$area.cpp ]] && targets+=("$area")
+    done
+    examples=(ddp_train)
+    example_labels=(example_threads)
+    mkdir -p "$build/libgomp-is-libomp"
+    ln -sf "$libomp" "$build/libgomp-is-libomp/libgomp.so.1"
+    shim=$(cd "$build/libgomp-is-libomp" && pwd)
+    test_env=("LD_LIBRARY_PATH=$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")  # for the tests only
+    archer="$(dirname "$libomp")/libarcher.so"
+    [[ -f $archer ]] && test_env+=("OMP_TOOL_LIBRARIES=$archer")
+    # Two threads everywhere (ember gives OpenBLAS its count). ignore_noninstrumented_modules:
+    # libomp's own locks are not instrumented (Archer asks for it); TSan then also ignores what
+    # libdnnl, OpenBLAS and libomp do through its interceptors (memset, malloc), and still checks
+    # every access of ember's, on every thread, OpenMP's workers included.
+    export EMBER_NUM_THREADS=2 OMP_NUM_THREADS=2
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/tools/sanitize/tsan.supp}
+    ;;
   *)
-    echo "usage: bash tools/sanitize.sh asan|tsan [ctest -R regex]" >&2
+    echo "usage: bash tools/sanitize.sh asan|tsan|tsan-openmp [ctest -R regex]" >&2
     exit 2
     ;;
 esac
@@ -93,8 +135,9 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=OFF -DEM
 }
 if ((${#targets[@]})); then
   cmake --build "$build" -j"$jobs" --target "${targets[@]}" "${examples[@]}"
-  # ctest only the areas built (their labels are their names).
-  label=$(IFS='|'; echo "^(${targets[*]})\$")
+  # ctest only the areas built (their labels are their names) and the examples' runs.
+  labels=("${targets[@]}" "${example_labels[@]}")
+  label=$(IFS='|'; echo "^(${labels[*]})\$")
   ctest_args=(-L "$label")
 else
   cmake --build "$build" -j"$jobs"
@@ -103,10 +146,6 @@ fi
 built=$((SECONDS - start))
 [[ -n $regex ]] && ctest_args+=(-R "$regex")
 status=0
-ctest --test-dir "$build" --output-on-failure -j"$jobs" "${ctest_args[@]}" || status=$?
-# The examples' runs (their own ctest entries), unless a regex narrowed the run.
-if [[ -n $example_tests && -z $regex ]]; then
-  ctest --test-dir "$build" --output-on-failure -j"$jobs" -R "$example_tests" || status=$?
-fi
+env "${test_env[@]}" ctest --test-dir "$build" --output-on-failure -j"$jobs" "${ctest_args[@]}" || status=$?
 echo "sanitize $mode: $( ((status == 0)) && echo clean || echo FAILED ); build ${built}s, total $((SECONDS - start))s"
 exit "$status"
