@@ -62,15 +62,6 @@ case $mode in
     # "Threads and oneDNN", has what this checks and what it cannot.
     extra=(-DEMBER_OPENMP=OFF -DEMBER_BUILD_EXAMPLES=ON)
     [[ ${EMBER_SANITIZE_ONEDNN:-ON} == OFF ]] && extra+=(-DEMBER_ONEDNN=OFF)
-    targets=()
-    for area in "${tsan_areas[@]}"; do
-      [[ -f tests/$area.cpp ]] && targets+=("$area")
-    done
-    # ddp_train's thread ranks (DataParallel + Adam, ZeRO-1, a failing rank): a CNN whose
-    # convolutions, pooling and GEMMs run on every rank's thread at once.
-    # Their ctest entries carry the label example_threads (examples/CMakeLists.txt).
-    examples=(ddp_train)
-    example_labels=(example_threads)
     # Two ember threads, so that the fp32 convolutions take oneDNN as they do on any machine with
     # more than one core (backend/cpu/conv.hpp); OMP_NUM_THREADS=1 keeps libdnnl's own OpenMP
     # regions (libgomp, not instrumented) on the calling thread; OpenBLAS's pthreads pool starts at
@@ -95,12 +86,6 @@ case $mode in
     [[ -f $libomp ]] || { echo "sanitize tsan-openmp: $cxx has no libomp (Debian: libomp-14-dev)" >&2; exit 1; }
     flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
     extra=(-DCMAKE_CXX_COMPILER="$cxx" -DEMBER_BUILD_EXAMPLES=ON)
-    targets=()
-    for area in "${tsan_areas[@]}"; do
-      [[ -f tests/$area.cpp ]] && targets+=("$area")
-    done
-    examples=(ddp_train)
-    example_labels=(example_threads)
     mkdir -p "$build/libgomp-is-libomp"
     ln -sf "$libomp" "$build/libgomp-is-libomp/libgomp.so.1"
     shim=$(cd "$build/libgomp-is-libomp" && pwd)
@@ -119,6 +104,17 @@ case $mode in
     exit 2
     ;;
 esac
+if [[ $mode == tsan* ]]; then
+  targets=()
+  for area in "${tsan_areas[@]}"; do
+    [[ -f tests/$area.cpp ]] && targets+=("$area")
+  done
+  # ddp_train's thread ranks (DataParallel + Adam, ZeRO-1, a failing rank): a CNN whose
+  # convolutions, pooling and GEMMs run on every rank's thread at once. Their ctest entries carry
+  # the label example_threads (examples/CMakeLists.txt).
+  examples=(ddp_train)
+  example_labels=(example_threads)
+fi
 
 # Optimisation: the tests at -O0 and the compiled CPU backend at -O1 (-O3 elsewhere). Instrumented
 # code is slow to compile, and the more so the more it is optimised: on 2 cores the four areas of

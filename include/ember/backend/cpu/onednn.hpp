@@ -260,18 +260,19 @@ inline std::unique_ptr<Prepared> prepare(const Conv2dArgs& a, ConvDirection dir,
 // every kMaxCached entries instead of growing without end.
 inline constexpr size_t kMaxCached = 64;
 
-// Held while a thread prepares a problem. oneDNN's primitive cache (process-wide, documented
-// thread-safe) gives a thread that asks for a problem another thread already made that thread's
-// primitive and primitive descriptor, ordered by a std::shared_future inside libdnnl; it also
-// makes its own reader-writer lock on first use inside a function-local static. Both orders are
-// real, but they live in libdnnl's uninstrumented code, so ThreadSanitizer saw neither: with two
-// thread ranks it reported this thread's first read of a descriptor another rank had made (in
-// Operand::init) and its first use of the cache's lock as races (docs/architecture.md, "Threads
-// and oneDNN"). Preparing under one lock of ember's puts a happens-before that TSan sees between
-// the thread that made a primitive and every later thread that asks for it. It costs nothing in
-// a training loop: each thread prepares a shape once, and every later call is answered by its
-// own cache without the lock; a second thread asking for a shape that is being made would wait
-// for oneDNN's future anyway.
+// Held while a thread prepares a problem. oneDNN's primitive cache (one for the process) gives a
+// thread that asks for a problem another thread already made that thread's primitive and
+// primitive descriptor, ordered by a std::shared_future inside libdnnl; it also makes its own
+// reader-writer lock on first use inside a function-local static. Both orders are real, but they
+// live in libdnnl's uninstrumented code, so ThreadSanitizer saw neither: with two thread ranks it
+// reported this thread's first read of a descriptor another rank had made (in Operand::init) and
+// its first use of the cache's lock as races (docs/architecture.md, "Threads and oneDNN"). Under
+// one lock of ember's, the thread that made a primitive is ordered, visibly, before every later
+// thread that asks for it; the lock also keeps two threads from writing oneDNN's own lazily set
+// globals of primitive creation at once (its fp32-math mode, brgemm's cache sizes: the same
+// values, but unsynchronised writes). It costs nothing in a training loop: each thread prepares a
+// shape once, every later call is answered by its own cache without the lock, and a thread asking
+// for a shape that another is making would wait for oneDNN's future anyway.
 inline std::mutex& prepare_lock() {
   static std::mutex m;
   return m;
