@@ -9,6 +9,9 @@
 // soft-maxed in fp32 for float16/bfloat16 activations (compute_t<T>); dropout on the attention
 // weights in training when the dropout option is > 0. When query, key and value are the same
 // tensor the three projections are one matmul.
+// Incremental decoding: forward(x, cache, mask) is self-attention of x's positions over the keys
+// and values a KVCache holds from earlier calls plus x's own, which it appends to the cache (see
+// KVCache below). The calls without a cache are unchanged by it.
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -42,12 +45,35 @@ struct AttentionMask {
   bool is_causal = false;
 };
 
+// The keys and values of one self-attention layer's earlier positions, for incremental decoding
+// (Hugging Face's per-layer DynamicCache entry, nanoGPT-style models' past_key_values):
+//   nn::KVCache cache;
+//   auto y0 = attn.forward(prompt, cache, {.is_causal = true});  // [N, L0, E]; cache.length() == L0
+//   auto y1 = attn.forward(next, cache, {.is_causal = true});    // [N, 1, E]: one new position
+// Each call appends its positions' keys and values ([N, num_heads, L, head_dim], the activation
+// type) with concat, as DynamicCache does: O(length) copying per call, the same order as the
+// attention itself. Under grad mode the cached tensors keep their graph (a later backward reaches
+// the earlier calls); generation runs inside an InferenceModeGuard, where nothing is recorded.
+// One cache belongs to one layer and one batch of sequences: its batch, heads, head size, dtype
+// and device are checked at every call.
+struct KVCache {
+  AnyTensor key, value;  // [N, H, S, D], undefined while empty
+  int64_t length() const { return key.defined() && key.dim() == 4 ? key.shape()[2] : 0; }
+  bool empty() const { return !key.defined(); }
+  void clear() {
+    key = AnyTensor();
+    value = AnyTensor();
+  }
+};
+
 namespace functional {
-// Additive causal mask [L, S]: 0 where j <= i, -inf where j > i. Built on the device with arange
-// and a comparison (no host loop, no copy).
+// Additive causal mask [L, S]: 0 where j <= i + offset, -inf elsewhere. With offset 0 it is the
+// top-left aligned triangle (is_causal); with offset S - L, the bottom-right aligned one of L new
+// queries at positions offset..offset+L-1 over S keys (a KV cache's). Built on the device with
+// arange and a comparison (no host loop, no copy).
 template <Element C>
-Tensor<C> causal_mask(int64_t L, int64_t S, Device dev = Device::cpu()) {
-  auto i = Tensor<C>::arange(0.0, static_cast<double>(L), 1.0, dev).reshape({L, 1});
+Tensor<C> causal_mask(int64_t L, int64_t S, Device dev = Device::cpu(), int64_t offset = 0) {
+  auto i = Tensor<C>::arange(static_cast<double>(offset), static_cast<double>(offset + L), 1.0, dev).reshape({L, 1});
   auto j = Tensor<C>::arange(0.0, static_cast<double>(S), 1.0, dev).reshape({1, S});
   return where(gt(j, i), Tensor<C>::full(Shape{}, -std::numeric_limits<double>::infinity(), dev),
                Tensor<C>::zeros(Shape{}, dev));
@@ -199,17 +225,27 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
   // Self-attention without a mask (query = key = value = x).
   template <Element T>
   Tensor<T> forward(const Tensor<T>& x) {
-    return attend(x, x, x, AttentionMask{}, false).first;
+    return attend(x, x, x, AttentionMask{}, false, nullptr).first;
   }
   // Self-attention with masks: forward(x, {.is_causal = true}).
   template <Element T>
   Tensor<T> forward(const Tensor<T>& x, const AttentionMask& mask) {
-    return attend(x, x, x, mask, false).first;
+    return attend(x, x, x, mask, false, nullptr).first;
   }
   template <Element T>
   Tensor<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
                     const AttentionMask& mask = {}) {
-    return attend(query, key, value, mask, false).first;
+    return attend(query, key, value, mask, false, nullptr).first;
+  }
+  // Self-attention of x ([N, L, E], or as the layout options say) over the keys and values in
+  // `cache` and x's own, which are appended to it. With mask.is_causal, x's position i is the
+  // cache's position length() + i and sees the keys up to it (a bottom-right aligned mask; none
+  // is needed for a single new position). attn_mask ([L, S] or [N * num_heads, L, S]) and
+  // key_padding_mask ([N, S]) span all S = length() + L keys. Ends equal to the call on the whole
+  // sequence at once, position by position (to rounding).
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x, KVCache& cache, const AttentionMask& mask = {}) {
+    return attend(x, x, x, mask, false, &cache).first;
   }
   // The output and the attention weights averaged over heads, [N, L, S] in compute_t<T> (after
   // dropout, as PyTorch returns them).
@@ -217,7 +253,7 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
   std::pair<Tensor<T>, Tensor<compute_t<T>>> forward_with_weights(const Tensor<T>& query, const Tensor<T>& key,
                                                                   const Tensor<T>& value,
                                                                   const AttentionMask& mask = {}) {
-    return attend(query, key, value, mask, true);
+    return attend(query, key, value, mask, true, nullptr);
   }
 
   int64_t embed_dim() const { return embed_dim_; }
@@ -232,7 +268,7 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
   template <Element T>
   std::pair<Tensor<T>, Tensor<compute_t<T>>> attend(const Tensor<T>& query, const Tensor<T>& key,
                                                     const Tensor<T>& value, const AttentionMask& mask,
-                                                    bool need_weights) {
+                                                    bool need_weights, KVCache* cache) {
     static_assert(std::is_floating_point_v<compute_t<T>>, "MultiheadAttention: floating-point input only");
     using C = compute_t<T>;
     const char* name = "MultiheadAttention";
@@ -254,7 +290,8 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
     Tensor<T> q_in = to_nle(query);
     Tensor<T> k_in = self_attn ? q_in : to_nle(key);
     Tensor<T> v_in = self_attn ? q_in : to_nle(value);
-    const int64_t N = q_in.shape()[0], L = q_in.shape()[1], S = k_in.shape()[1];
+    const int64_t N = q_in.shape()[0], L = q_in.shape()[1];
+    int64_t S = k_in.shape()[1];
     EMBER_CHECK(k_in.shape()[0] == N && v_in.shape()[0] == N, ShapeError, name, ": batch sizes differ: query ",
                 query.desc(), ", key ", key.desc(), ", value ", value.desc());
     EMBER_CHECK(v_in.shape()[1] == S, ShapeError, name, ": key ", key.desc(), " and value ", value.desc(),
@@ -281,6 +318,20 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
     q = permute(q.reshape({N, L, H, D}), {0, 2, 1, 3});
     k = permute(k.reshape({N, S, H, D}), {0, 2, 1, 3});
     v = permute(v.reshape({N, S, H, D}), {0, 2, 1, 3});
+    // With a cache: the earlier positions' keys and values go first, and x's are kept for the
+    // next call. x's queries then sit at positions past..past+L-1 of the S keys.
+    int64_t past = 0;
+    if (cache) {
+      if (!cache->empty()) {
+        check_cache(*cache, query, N);
+        past = cache->length();
+        k = concat(std::vector<Tensor<T>>{Tensor<T>(cache->key), k}, 2);
+        v = concat(std::vector<Tensor<T>>{Tensor<T>(cache->value), v}, 2);
+        S = past + S;
+      }
+      cache->key = k;
+      cache->value = v;
+    }
     // The user's masks as one additive mask broadcastable to [N, H, L, S] (the causal one is a flag).
     Tensor<C> add;
     if (mask.attn_mask.defined()) {
@@ -304,17 +355,27 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
       Tensor<C> kp = functional::additive_mask<C>(name, m).reshape({N, 1, 1, S});
       add = add.defined() ? add + kp : kp;
     }
+    // The causal mask as a flag (top-left aligned) unless queries follow cached positions: then
+    // bottom-right aligned, as an additive mask (a single new query sees every key: no mask).
+    bool causal = mask.is_causal;
+    if (causal && past > 0) {
+      causal = false;
+      if (L > 1) {
+        Tensor<C> cm = functional::causal_mask<C>(L, S, query.device(), past);
+        add = add.defined() ? add + cm : cm;
+      }
+    }
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     const bool dropout_now = is_training() && opt_.dropout > 0.0;
     Tensor<T> ctx;
     Tensor<C> attn;
     if (!need_weights && !dropout_now) {
       // The fused kernel where it applies (float32/float64), else the same composite as below.
-      ctx = functional::scaled_dot_product_attention(q, k, v, {.attn_mask = add, .is_causal = mask.is_causal,
+      ctx = functional::scaled_dot_product_attention(q, k, v, {.attn_mask = add, .is_causal = causal,
                                                                .scale = scale});
     } else {
       Tensor<C> scores = matmul(q * scale, k, false, true).template to<C>();  // [N, H, L, S]
-      if (mask.is_causal) scores = scores + functional::causal_mask<C>(L, S, scores.device());
+      if (causal) scores = scores + functional::causal_mask<C>(L, S, scores.device());
       if (add.defined()) scores = scores + add;
       attn = softmax(scores, -1);
       if (dropout_now) attn = functional::dropout(attn, opt_.dropout, true);
@@ -331,6 +392,23 @@ class MultiheadAttention : public ModuleBase<MultiheadAttention> {
       out = transpose(out, 0, 1);
     }
     return {out, weights};
+  }
+
+  // A non-empty cache must hold this layer's [N, H, S, D] keys and values of x's type and device.
+  void check_cache(const KVCache& c, const AnyTensor& x, int64_t N) const {
+    const char* name = "MultiheadAttention";
+    EMBER_CHECK(c.value.defined() && c.key.dim() == 4 && c.value.shape() == c.key.shape(), ShapeError, name, "(",
+                embed_dim_, ", ", num_heads_, "): the KV cache's key ", c.key.desc(), " and value ",
+                c.value.desc(), " must both be [N, num_heads, S, head_dim]");
+    const Shape& ks = c.key.shape();
+    EMBER_CHECK(ks[0] == N && ks[1] == num_heads_ && ks[3] == head_dim_, ShapeError, name, "(", embed_dim_, ", ",
+                num_heads_, "): the KV cache holds keys ", c.key.desc(), " but input ", x.desc(),
+                " needs [", N, ", ", num_heads_, ", S, ", head_dim_, "] (batch ", N,
+                "); a cache serves one layer and one batch of sequences");
+    EMBER_CHECK(c.key.dtype() == x.dtype() && c.value.dtype() == x.dtype(), DTypeError, name, ": the KV cache holds ",
+                c.key.desc(), " but the input is ", x.desc(), " (one activation type per cache)");
+    EMBER_CHECK(c.key.device() == x.device() && c.value.device() == x.device(), DeviceError, name,
+                ": the KV cache holds ", c.key.desc(), " but the input is ", x.desc());
   }
 
   int64_t embed_dim_, num_heads_, head_dim_ = 0;

@@ -194,6 +194,9 @@ auto checkpoint(Fn&& fn, Args&&... args) {
       Generator replay(saved->rng);
       GeneratorScope replay_scope(replay);
       GradModeGuard grad_on(true);
+      // A backward run inside an InferenceModeGuard (of a graph recorded outside it) must still
+      // record the recomputation, or the parameters inside would silently get no gradient.
+      InferenceModeGuard recording(false);
       R r = std::apply([&](const auto&... a) -> R { return saved->fn(a...); }, args);
       outs = checkpoint_detail::checkpoint_outputs(r);
     }

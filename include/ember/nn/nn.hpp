@@ -1,5 +1,6 @@
 #pragma once
-// All of ember::nn.
+// All of ember::nn but the GPT model and its sampler (<ember/nn/gpt.hpp>, <ember/nn/sampling.hpp>):
+// a program that uses them includes them, and the others do not compile them.
 #include "ember/nn/activation.hpp"
 #include "ember/nn/attention.hpp"
 #include "ember/nn/checkpoint.hpp"

@@ -11,6 +11,8 @@
 // PyTorch's names (GPT-2's attn.c_attn.weight is attn.in_proj_weight transposed, and
 // attn.c_proj is attn.out_proj with its weight transposed -- GPT-2 stores Conv1D weights [in, out]).
 // Dropout (default 0) applies to the attention weights and to both residual branches.
+// forward(x, cache) is the same block for incremental decoding: the attention also sees the keys
+// and values of the earlier positions that an nn::KVCache holds, and appends x's (attention.hpp).
 #include <memory>
 
 #include "ember/nn/activation.hpp"
@@ -75,16 +77,12 @@ class TransformerBlock : public ModuleBase<TransformerBlock> {
   // x: [N, L, E] (batch first).
   template <Element T>
   Tensor<T> forward(const Tensor<T>& x) {
-    Tensor<T> h = (*ln_1)(x);
-    AttentionMask mask;
-    mask.is_causal = opt_.is_causal;
-    Tensor<T> a;
-    {
-      detail::ModuleScope scope(*attn);  // a call past operator(): tell the profiler
-      a = attn->forward(h, mask);
-    }
-    Tensor<T> y = x + (*resid_dropout)(a);
-    return y + (*mlp)((*ln_2)(y));
+    return run(x, nullptr);
+  }
+  // x: [N, L, E], the positions that follow those held in `cache` (this block's own cache).
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x, KVCache& cache) {
+    return run(x, &cache);
   }
 
   const TransformerBlockOptions& options() const { return opt_; }
@@ -94,6 +92,20 @@ class TransformerBlock : public ModuleBase<TransformerBlock> {
   std::shared_ptr<Dropout> resid_dropout;
 
  private:
+  template <Element T>
+  Tensor<T> run(const Tensor<T>& x, KVCache* cache) {
+    Tensor<T> h = (*ln_1)(x);
+    AttentionMask mask;
+    mask.is_causal = opt_.is_causal;
+    Tensor<T> a;
+    {
+      detail::ModuleScope scope(*attn);  // a call past operator(): tell the profiler
+      a = cache ? attn->forward(h, *cache, mask) : attn->forward(h, mask);
+    }
+    Tensor<T> y = x + (*resid_dropout)(a);
+    return y + (*mlp)((*ln_2)(y));
+  }
+
   TransformerBlockOptions opt_;
 };
 
