@@ -297,6 +297,7 @@ const UnaryCase kUnaryCases[] = {
     {UnaryOp::Square, "square", -2, 2, 0, 0},
     {UnaryOp::Reciprocal, "reciprocal", 0.5, 2, 0, 0},
     {UnaryOp::Sign, "sign", -2, 2, 0, 0},
+    {UnaryOp::FakeQuantize, "fake_quantize", -2, 2, 0.0125, 127},  // clamps below -1.6 and above 1.5875
 };
 // Ops that make sense on integers (computed in double and truncated, as on the CPU).
 const UnaryCase kIntUnaryCases[] = {

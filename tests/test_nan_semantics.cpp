@@ -77,6 +77,7 @@ TEST_CASE("nan: unary ops on NaN and infinities match PyTorch", "[nan]") {
       {UnaryOp::MulScalar, {kNan, -kInf, kInf}, -2.0},
       {UnaryOp::RSubScalar, {kNan, -kInf, kInf}, 1.0},
       {UnaryOp::RDivScalar, {kNan, 0.0, 0.0}, 1.0},
+      {UnaryOp::FakeQuantize, {kNan, 63.5, -64.0}, 0.5, 127.0},  // NaN stays, infinities clamp to the range
   };
   for (const Case& c : cases) {
     INFO("op " << op::detail::unary_name(c.op));

@@ -25,7 +25,20 @@ EMBER_HD inline float pow_(float x, float y) { return ::powf(x, y); }
 EMBER_HD inline double pow_(double x, double y) { return ::pow(x, y); }
 EMBER_HD inline float abs_(float x) { return ::fabsf(x); }
 EMBER_HD inline double abs_(double x) { return ::fabs(x); }
+EMBER_HD inline float rint_(float x) { return ::rintf(x); }  // half to even, the default rounding mode
+EMBER_HD inline double rint_(double x) { return ::rint(x); }
 template <class C> EMBER_HD inline bool isnan_(C x) { return x != x; }
+
+// FakeQuantize: x to the nearest step of `scale` (ties to even, as ONNX's QuantizeLinear and
+// PyTorch's fake_quantize round), clamped to the signed integer range [-qmax - 1, qmax], back in
+// x's type. NaN stays NaN.
+template <class C>
+EMBER_HD inline C fake_quantize_(C x, C scale, C qmax) {
+  if (isnan_(x)) return x;
+  C q = rint_(x / scale);
+  q = q < -qmax - C(1) ? -qmax - C(1) : (q > qmax ? qmax : q);
+  return q * scale;
+}
 
 template <class C>
 EMBER_HD inline C sigmoid_(C x) {
@@ -66,6 +79,7 @@ EMBER_HD inline C unary(UnaryOp op, C x, C a, C b) {
     case UnaryOp::Square: return x * x;
     case UnaryOp::Reciprocal: return C(1) / x;
     case UnaryOp::Sign: return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0));
+    case UnaryOp::FakeQuantize: return fake_quantize_(x, a, b);
   }
   return x;
 }
@@ -106,6 +120,12 @@ EMBER_HD inline C unary_derivative(UnaryOp op, C x, C y, C a, C b) {
     case UnaryOp::Square: return C(2) * x;
     case UnaryOp::Reciprocal: return -y * y;
     case UnaryOp::Sign: return C(0);
+    // The straight-through estimator: 1 where x is inside the integer range (PyTorch's
+    // fake_quantize gradient), 0 where it was clamped.
+    case UnaryOp::FakeQuantize: {
+      const C q = rint_(x / a);
+      return (q >= -b - C(1) && q <= b) ? C(1) : C(0);
+    }
   }
   return C(0);
 }

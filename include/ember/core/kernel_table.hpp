@@ -42,6 +42,7 @@ enum class UnaryOp : uint8_t {
   Square,
   Reciprocal,
   Sign,
+  FakeQuantize,  // clamp(round_half_even(x / a), -b - 1, b) * a: symmetric integer quantization, dequantized
 };
 
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Pow, Maximum, Minimum };

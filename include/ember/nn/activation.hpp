@@ -20,6 +20,7 @@ class GELU : public ModuleBase<GELU> {
   }
   std::string type_name() const override { return "GELU"; }
   template <Element T> Tensor<T> forward(const Tensor<T>& x) { return gelu(x, tanh_); }
+  std::string approximate() const { return tanh_ ? "tanh" : "none"; }
 
  private:
   bool tanh_;
@@ -48,6 +49,7 @@ class Softmax : public ModuleBase<Softmax> {
   explicit Softmax(int dim = -1) : dim_(dim) {}
   std::string type_name() const override { return "Softmax"; }
   template <Element T> Tensor<T> forward(const Tensor<T>& x) { return softmax(x, dim_); }
+  int dim() const { return dim_; }
 
  private:
   int dim_;
@@ -58,6 +60,7 @@ class LogSoftmax : public ModuleBase<LogSoftmax> {
   explicit LogSoftmax(int dim = -1) : dim_(dim) {}
   std::string type_name() const override { return "LogSoftmax"; }
   template <Element T> Tensor<T> forward(const Tensor<T>& x) { return log_softmax(x, dim_); }
+  int dim() const { return dim_; }
 
  private:
   int dim_;
@@ -69,6 +72,8 @@ class Flatten : public ModuleBase<Flatten> {
   explicit Flatten(int start_dim = 1, int end_dim = -1) : start_(start_dim), end_(end_dim) {}
   std::string type_name() const override { return "Flatten"; }
   template <Element T> Tensor<T> forward(const Tensor<T>& x) { return flatten(x, start_, end_); }
+  int start_dim() const { return start_; }
+  int end_dim() const { return end_; }
 
  private:
   int start_, end_;

@@ -43,6 +43,7 @@ class Conv2d : public ModuleBase<Conv2d> {
     return Tensor<T>(op::conv2d(x, param_as<T>(weight), b, o));
   }
 
+  const Conv2dOptions& options() const { return opt_; }
   AnyTensor weight, bias;
 
  private:

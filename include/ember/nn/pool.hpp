@@ -19,6 +19,7 @@ class MaxPool2d : public ModuleBase<MaxPool2d> {
       : MaxPool2d({kernel, kernel}, {stride, stride}, {padding, padding}) {}
   std::string type_name() const override { return "MaxPool2d"; }
   template <Element T> Tensor<T> forward(const Tensor<T>& x) { return max_pool2d(x, o_); }
+  const op::Pool2dOptions& options() const { return o_; }
 
  private:
   op::Pool2dOptions o_;
@@ -38,6 +39,7 @@ class AvgPool2d : public ModuleBase<AvgPool2d> {
       : AvgPool2d({kernel, kernel}, {stride, stride}, {padding, padding}) {}
   std::string type_name() const override { return "AvgPool2d"; }
   template <Element T> Tensor<T> forward(const Tensor<T>& x) { return avg_pool2d(x, o_); }
+  const op::Pool2dOptions& options() const { return o_; }
 
  private:
   op::Pool2dOptions o_;
@@ -49,6 +51,7 @@ class AdaptiveAvgPool2d : public ModuleBase<AdaptiveAvgPool2d> {
   explicit AdaptiveAvgPool2d(int64_t output_size) : out_{output_size, output_size} {}
   std::string type_name() const override { return "AdaptiveAvgPool2d"; }
   template <Element T> Tensor<T> forward(const Tensor<T>& x) { return adaptive_avg_pool2d(x, out_); }
+  std::array<int64_t, 2> output_size() const { return out_; }
 
  private:
   std::array<int64_t, 2> out_;

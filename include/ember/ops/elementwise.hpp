@@ -1,7 +1,7 @@
 #pragma once
 // Elementwise ops with NumPy broadcasting, forward and backward: add, sub, mul, div, pow,
 // maximum, minimum; neg, exp, log, sqrt, abs, clamp, relu, gelu (exact and tanh), silu, tanh,
-// sigmoid, square, reciprocal, sign; scalar forms; C++ operators on Tensor<T>.
+// sigmoid, square, reciprocal, sign, fake_quantize; scalar forms; C++ operators on Tensor<T>.
 #include "ember/ops/detail/common.hpp"
 
 namespace ember::op {
@@ -29,6 +29,7 @@ inline const char* unary_name(UnaryOp op) {
     case UnaryOp::Square: return "square";
     case UnaryOp::Reciprocal: return "reciprocal";
     case UnaryOp::Sign: return "sign";
+    case UnaryOp::FakeQuantize: return "fake_quantize";
   }
   return "unary";
 }
@@ -115,6 +116,17 @@ inline AnyTensor square(const AnyTensor& x) { return unary(UnaryOp::Square, x); 
 inline AnyTensor reciprocal(const AnyTensor& x) { return unary(UnaryOp::Reciprocal, x); }
 inline AnyTensor sign(const AnyTensor& x) { return unary(UnaryOp::Sign, x); }
 inline AnyTensor pow(const AnyTensor& x, double exponent) { return unary(UnaryOp::Pow, x, exponent); }
+// x quantized to signed integers of step `scale` in [-qmax - 1, qmax] (int8: 127) and dequantized,
+// differentiable with the straight-through estimator (gradient 1 inside the range, 0 where
+// clamped): quantization-aware training's fake quantization, per tensor.
+inline AnyTensor fake_quantize(const AnyTensor& x, double scale, double qmax = 127.0) {
+  EMBER_CHECK(std::isfinite(scale) && scale > 0.0, ValueError, "fake_quantize: scale must be positive and finite, got ",
+              scale, " for ", x.desc());
+  EMBER_CHECK(qmax >= 1.0 && qmax == std::floor(qmax), ValueError, "fake_quantize: qmax must be a whole number >= 1, got ",
+              qmax, " for ", x.desc());
+  EMBER_CHECK(is_floating(x.dtype()), DTypeError, "fake_quantize: a floating-point input expected, got ", x.desc());
+  return unary(UnaryOp::FakeQuantize, x, scale, qmax);
+}
 inline AnyTensor clamp(const AnyTensor& x, double lo, double hi) {
   EMBER_CHECK(lo <= hi, ValueError, "clamp: min ", lo, " is greater than max ", hi, " for ", x.desc());
   return unary(UnaryOp::Clamp, x, lo, hi);
@@ -286,6 +298,9 @@ template <Element T> Tensor<T> gelu(const Tensor<T>& x, bool tanh_approximation 
 }
 template <Element T> Tensor<T> pow(const Tensor<T>& x, double exponent) { return Tensor<T>(op::pow(x, exponent)); }
 template <Element T> Tensor<T> clamp(const Tensor<T>& x, double lo, double hi) { return Tensor<T>(op::clamp(x, lo, hi)); }
+template <Element T> Tensor<T> fake_quantize(const Tensor<T>& x, double scale, double qmax = 127.0) {
+  return Tensor<T>(op::fake_quantize(x, scale, qmax));
+}
 
 #define EMBER_TYPED_BINARY(name)                                                   \
   template <Element T>                                                             \
