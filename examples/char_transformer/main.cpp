@@ -4,9 +4,14 @@
 //
 //   char_transformer [--device auto|cpu|cuda:N] [--steps 600] [--batch-size 32] [--block 64]
 //                    [--lr 0.003] [--seed 0] [--layers 2] [--embed 96] [--heads 4] [--sample 300]
+//                    [--export model.onnx] [--gguf model.gguf] [--gguf-type f32|f16|q8_0]
 //
-// Token and position embeddings, pre-LayerNorm transformer blocks with causal self-attention,
-// a final LayerNorm and a linear head; AdamW with warmup then cosine decay, gradient clipping.
+// The model is nn::GPT (GPT-2's architecture: token and position embeddings, pre-LayerNorm
+// transformer blocks with causal self-attention, a final LayerNorm, the head tied to the token
+// embedding) over the characters of the text; AdamW with warmup then cosine decay, gradient
+// clipping. --export writes the trained model as ONNX (token ids in, logits out, batch and
+// sequence symbolic), --gguf as GGUF for llama.cpp's gpt2 architecture (docs/deploy.md,
+// docs/gguf.md); both then print a JSON line's fields "export"/"gguf".
 // Reports validation bits per character (cross-entropy in nats / ln 2) on held-out 10% of the
 // text (every tenth 2 KiB block). Prints a progress line, a text sample, and last one JSON line.
 //
@@ -21,7 +26,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <ember/deploy/gguf_export.hpp>
+#include <ember/deploy/onnx.hpp>
 #include <ember/ember.hpp>
+#include <ember/nn/gpt.hpp>
 
 #include "../common/args.hpp"
 #include "../common/observe.hpp"
@@ -53,44 +61,6 @@ std::string load_corpus() {
   return text;
 }
 
-class CharGPT : public nn::ModuleBase<CharGPT> {
- public:
-  CharGPT(int64_t vocab, int64_t block, int64_t embed, int64_t heads, int64_t layers) : block_(block) {
-    wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, embed));
-    wpe = register_module("wpe", std::make_shared<nn::Embedding>(block, embed));
-    // GPT-2's init: embeddings N(0, 0.02).
-    nn::init::normal_(wte->weight, 0.0, 0.02);
-    nn::init::normal_(wpe->weight, 0.0, 0.02);
-    blocks = register_module("h", std::make_shared<nn::Sequential>());
-    for (int64_t i = 0; i < layers; ++i) blocks->emplace<nn::TransformerBlock>(embed, heads);
-    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(embed));
-    head = register_module("lm_head", std::make_shared<nn::Linear>(embed, vocab, nn::LinearOptions{.bias = false}));
-  }
-  std::string type_name() const override { return "CharGPT"; }
-
-  // ids [B, T] -> logits [B, T, vocab]
-  Tensor<float> forward(const Tensor<int64_t>& ids) {
-    const int64_t T = ids.shape()[1];
-    auto pos = Tensor<int64_t>::arange(0.0, static_cast<double>(T), 1.0, ids.device());
-    Tensor<float> x(op::add(wte->lookup(ids), wpe->lookup(pos)));
-    x = (*blocks)(x);
-    return (*head)((*ln_f)(x));
-  }
-  template <Element T>
-  Tensor<T> forward(const Tensor<T>&) {
-    throw DTypeError("CharGPT: takes int64 token ids");
-  }
-  int64_t block() const { return block_; }
-
-  std::shared_ptr<nn::Embedding> wte, wpe;
-  std::shared_ptr<nn::Sequential> blocks;
-  std::shared_ptr<nn::LayerNorm> ln_f;
-  std::shared_ptr<nn::Linear> head;
-
- private:
-  int64_t block_;
-};
-
 // A batch of B random windows of T+1 characters: inputs [B, T] and next-character targets [B, T].
 void make_batch(const std::vector<int64_t>& data, int64_t B, int64_t T, Generator& gen, Device dev,
                 Tensor<int64_t>& x, Tensor<int64_t>& y) {
@@ -106,7 +76,7 @@ void make_batch(const std::vector<int64_t>& data, int64_t B, int64_t T, Generato
 }
 
 // Mean cross-entropy (nats) over every position of a batch.
-Tensor<float> lm_loss(CharGPT& model, const Tensor<int64_t>& x, const Tensor<int64_t>& y) {
+Tensor<float> lm_loss(nn::GPT& model, const Tensor<int64_t>& x, const Tensor<int64_t>& y) {
   auto logits = model(x);  // operator(): the profiler sees the module tree from its root
   const int64_t V = logits.shape()[2];
   return nn::functional::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}));
@@ -119,7 +89,8 @@ int main(int argc, char** argv) try {
                       examples::with_observe_flags({{"device", "auto"}, {"steps", "600"}, {"batch-size", "32"},
                                                     {"block", "64"}, {"lr", "0.003"}, {"seed", "0"}, {"layers", "2"},
                                                     {"embed", "96"}, {"heads", "4"}, {"sample", "300"},
-                                                    {"eval-batches", "20"}}));
+                                                    {"eval-batches", "20"}, {"export", ""}, {"gguf", ""},
+                                                    {"gguf-type", "f32"}}));
   const Device dev = args.device();
   const int64_t steps = args.integer("steps"), B = args.integer("batch-size"), T = args.integer("block");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -149,7 +120,8 @@ int main(int argc, char** argv) try {
   const int64_t V = static_cast<int64_t>(chars.size());
 
   manual_seed(seed);
-  CharGPT model(V, T, args.integer("embed"), args.integer("heads"), args.integer("layers"));
+  nn::GPT model({.vocab_size = V, .block_size = T, .n_layer = args.integer("layers"), .n_head = args.integer("heads"),
+                 .n_embd = args.integer("embed")});
   model.to(dev);
   // AdamW with weight decay on matrices only (GPT practice): embeddings and weights of Linears.
   std::vector<AnyTensor> decay, no_decay;
@@ -232,7 +204,25 @@ int main(int argc, char** argv) try {
     }
   }
   std::printf("---- sample ----\n%s\n----------------\n", sample.c_str());
-  std::printf("%s\n", examples::json_line({{"example", examples::quoted("char_transformer")},
+
+  std::map<std::string, std::string> exported;
+  if (!args.str("export").empty()) {
+    const auto r = io::onnx::export_model(model, {Tensor<int64_t>::zeros({1, T}, dev)}, args.str("export"),
+                                          {.training_step = steps});
+    std::printf("exported %s (%zu nodes, %llu bytes)\n", args.str("export").c_str(), r.nodes,
+                static_cast<unsigned long long>(r.model_bytes + r.data_bytes));
+    exported["export"] = examples::quoted(args.str("export"));
+  }
+  if (!args.str("gguf").empty()) {
+    const std::string t = args.str("gguf-type");
+    EMBER_CHECK(t == "f32" || t == "f16" || t == "q8_0", ValueError, "char_transformer: --gguf-type must be f32, f16 or q8_0, got ", t);
+    const auto type = t == "f16" ? io::gguf::GGMLType::F16 : t == "q8_0" ? io::gguf::GGMLType::Q8_0 : io::gguf::GGMLType::F32;
+    const auto r = io::gguf::export_gpt(model, args.str("gguf"), {.type = type, .name = "ember-char-transformer"});
+    std::printf("exported %s (%s, %llu bytes)\n", args.str("gguf").c_str(), t.c_str(),
+                static_cast<unsigned long long>(r.file_bytes));
+    exported["gguf"] = examples::quoted(args.str("gguf"));
+  }
+  std::map<std::string, std::string> fields{{"example", examples::quoted("char_transformer")},
                                            {"device", examples::quoted(dev.str())},
                                            {"steps", std::to_string(steps)},
                                            {"parameters", std::to_string(model.parameter_count())},
@@ -241,8 +231,9 @@ int main(int argc, char** argv) try {
                                            {"final_train_loss", examples::num(last, 5)},
                                            {"val_bits_per_char", examples::num(val_bpc, 4)},
                                            {"train_seconds", examples::num(train_seconds, 4)},
-                                           {"tokens_per_second", examples::num(progress.samples_per_second(), 6)}})
-                          .c_str());
+                                           {"tokens_per_second", examples::num(progress.samples_per_second(), 6)}};
+  fields.insert(exported.begin(), exported.end());
+  std::printf("%s\n", examples::json_line(fields).c_str());
   args.save_model(model);
   return 0;
 } catch (const std::exception& e) {

@@ -10,6 +10,8 @@
 //                 [--precision fp32|bf16|fp16] [--log-dir runs/fashion_mnist]
 //                 [--checkpoint-dir runs/fashion_mnist/checkpoints] [--resume 1]
 //                 [--save PATH] [--load PATH] [--profile trace.json]
+//                 [--export model.onnx] [--int8 1] [--int8-observer percentile|max|mse] [--int8-outputs 0]
+//                 [--calib-batches 16]
 //
 // What a run shows and writes: a progress bar (plain lines when stdout is not a terminal) with
 // the test accuracy after each epoch; TensorBoard logs in --log-dir (tensorboard --logdir
@@ -20,6 +22,13 @@
 // after 5 of warm-up, prints the step report and the bottleneck verdict and writes the Chrome
 // trace. --save writes the trained weights (safetensors); --load starts from such a file
 // (--epochs 0: only evaluates it).
+// --export writes the trained model as ONNX (batch norm folded into the convolutions; opset 21,
+// symbolic batch), with its test accuracy in the metadata; --int8 1 also writes
+// <name>_int8.onnx: the folded model calibrated on --calib-batches training batches (the
+// observer: --int8-observer), evaluated in ember as INT8 computes it (fake quantization), and
+// exported with QuantizeLinear/DequantizeLinear pairs for TensorRT's explicit quantization (on
+// every Conv2d/Linear input; --int8-outputs 1 on their outputs too, which onnxruntime's CPU
+// kernels need to run the convolutions in integers).
 //
 // Model: conv3x3(c) BN ReLU maxpool -> conv3x3(2c) BN ReLU maxpool -> linear(49*2c -> 10); with
 // --blocks 3 a third block conv3x3(4c) BN ReLU maxpool (7x7 -> 3x3) before linear(9*4c -> 10);
@@ -34,6 +43,9 @@
 #include <ember/data/transforms.hpp>
 #include <ember/ember.hpp>
 #include <ember/train/trainer.hpp>
+
+#include <ember/deploy/onnx.hpp>
+#include <ember/quant/quantize.hpp>
 
 #include "../common/args.hpp"
 #include "../common/observe.hpp"
@@ -95,7 +107,9 @@ int main(int argc, char** argv) try {
                       {{"device", "auto"}, {"epochs", "5"}, {"batch-size", "64"}, {"lr", "0.003"}, {"workers", "2"},
                        {"train-subset", "0"}, {"test-subset", "0"}, {"augment", "1"}, {"width", "16"}, {"blocks", "2"}, {"seed", "0"},
                        {"precision", "fp32"}, {"log-dir", "runs/fashion_mnist"},
-                       {"checkpoint-dir", "runs/fashion_mnist/checkpoints"}, {"resume", "1"}, {"load", ""}}));
+                       {"checkpoint-dir", "runs/fashion_mnist/checkpoints"}, {"resume", "1"}, {"load", ""},
+                       {"export", ""}, {"int8", "0"}, {"int8-observer", "percentile"}, {"int8-outputs", "0"},
+                       {"calib-batches", "16"}}));
   const Device dev = args.device();
   const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -151,6 +165,44 @@ int main(int argc, char** argv) try {
                          ? r.final_metrics
                          : trainer.evaluate(*model, test_loader, train::cross_entropy_loss());
   args.save_model(*model);
+
+  // --export, --int8: the deployed forms, and their accuracy on the same test set.
+  std::vector<std::pair<std::string, std::string>> exported;
+  if (!args.str("export").empty()) {
+    const std::filesystem::path path = args.str("export");
+    auto folded = nn::fold_batch_norm(*model);
+    folded->eval();
+    const AnyTensor example = AnyTensor::zeros({1, 1, 28, 28}, DType::Float32, dev);
+    const double acc = m.at("val/accuracy");
+    const auto er = io::onnx::export_model(*folded, {example}, path,
+                                           {.training_step = r.steps, .metadata = {{"test_accuracy", examples::num(acc, 4)}}});
+    std::printf("exported %s (%zu nodes)\n", path.string().c_str(), er.nodes);
+    exported.emplace_back("export", examples::quoted(path.string()));
+    if (args.integer("int8") != 0) {
+      const std::string kind = args.str("int8-observer");
+      const quant::ObserverKind ok = kind == "max"   ? quant::ObserverKind::Max
+                                     : kind == "mse" ? quant::ObserverKind::Mse
+                                                     : quant::ObserverKind::Percentile;
+      EMBER_CHECK(kind == "max" || kind == "mse" || kind == "percentile", ValueError,
+                  "fashion_mnist: --int8-observer must be max, percentile or mse, got ", kind);
+      auto q = quant::prepare(*folded, {.observer = {.kind = ok, .percentile = 99.99},
+                                          .quantize_outputs = args.integer("int8-outputs") != 0});
+      // Calibration batches: training images without augmentation.
+      data::DataLoader calib(train_set, {.batch_size = batch, .shuffle = true, .seed = seed + 1, .num_workers = workers,
+                                         .device = dev, .transform = data::Compose({data::ToFloat{}, normalize})});
+      quant::calibrate(*q, calib, [](const data::Batch& b) { return b["image"]; }, args.integer("calib-batches"));
+      const double acc8 = trainer.evaluate(*q, test_loader, train::cross_entropy_loss()).at("val/accuracy");
+      std::filesystem::path p8 = path;
+      p8.replace_filename(path.stem().string() + "_int8" + path.extension().string());
+      io::onnx::export_model(*q, {example}, p8,
+                             {.training_step = r.steps, .metadata = {{"test_accuracy", examples::num(acc8, 4)},
+                                                                     {"int8_observer", kind}}});
+      std::printf("exported %s (INT8, %s observer)\n", p8.string().c_str(), kind.c_str());
+      exported.emplace_back("export_int8", examples::quoted(p8.string()));
+      exported.emplace_back("int8_test_accuracy", examples::num(acc8, 4));
+      exported.emplace_back("int8_accuracy_drop_points", examples::num(100.0 * (acc - acc8), 3));
+    }
+  }
   if (!to.log_dir.empty() && epochs > 0) std::printf("TensorBoard logs: %s (tensorboard --logdir %s)\n",
                                                      to.log_dir.string().c_str(), to.log_dir.string().c_str());
   if (!r.resumed_from.empty())
@@ -160,7 +212,7 @@ int main(int argc, char** argv) try {
   if (!r.best_checkpoint.empty()) std::printf("best checkpoint: %s\n", r.best_checkpoint.string().c_str());
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%s\n", examples::json_line({{"example", examples::quoted("fashion_mnist")},
+  std::map<std::string, std::string> fields{{"example", examples::quoted("fashion_mnist")},
                                            {"device", examples::quoted(dev.str())},
                                            {"precision", examples::quoted(args.str("precision"))},
                                            {"epochs", std::to_string(epochs)},
@@ -176,8 +228,9 @@ int main(int argc, char** argv) try {
                                            {"train_seconds", examples::num(r.seconds, 4)},
                                            {"wall_seconds", examples::num(wall, 4)},
                                            {"data_wait_seconds", examples::num(train_loader.total_wait_seconds(), 4)},
-                                           {"samples_per_second", examples::num(r.samples_per_second, 6)}})
-                          .c_str());
+                                           {"samples_per_second", examples::num(r.samples_per_second, 6)}};
+  fields.insert(exported.begin(), exported.end());
+  std::printf("%s\n", examples::json_line(fields).c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
