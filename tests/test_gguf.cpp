@@ -21,8 +21,10 @@
 #include "ember/nn/gpt.hpp"
 #include "ember/io/safetensors.hpp"
 #include "temp_dir.hpp"
+#include "error_message.hpp"
 
 using namespace ember;
+using ember::testing::message_of;
 namespace gg = ember::io::gguf;
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -35,15 +37,6 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("ember-gguf") {}
 };
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
 
 // Little-endian pieces of a hand-built file.
 struct Bytes {

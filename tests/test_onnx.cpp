@@ -22,8 +22,10 @@
 #include "ember/nn/gpt.hpp"
 #include "ember/quant/quantize.hpp"
 #include "temp_dir.hpp"
+#include "error_message.hpp"
 
 using namespace ember;
+using ember::testing::message_of;
 namespace onnx = ember::io::onnx;
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -34,15 +36,6 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("ember-onnx") {}
 };
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
 
 std::string hex(const std::string& bytes) {
   std::string s;

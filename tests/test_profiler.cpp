@@ -609,20 +609,25 @@ TEST_CASE("profiler: device time from timing events, read back once per step", "
   CHECK(timed_gpu().releases_ >= 2);  // events returned to the pool at each step's end
   auto mm = named(p, "matmul");
   REQUIRE(mm.size() == 2);
+  // The pretend device's events are host timestamps taken just after the op's own begin and end
+  // times, so its device time can exceed the op's host time by how long the thread waited between
+  // the two reads of the clock at the end (a preemption on a loaded machine: 1.9 us seen in CI).
+  // The bound allows 2 ms of that.
+  constexpr int64_t kClockSlackNs = 2'000'000;
   for (const auto* e : mm) {
     CHECK(e->device == Device::cuda(0));
     CHECK(e->device_ns >= 0);
-    CHECK(e->device_ns <= e->duration_ns());
+    CHECK(e->device_ns <= e->duration_ns() + kClockSlackNs);
     CHECK(e->device_begin_ns >= e->begin_ns - 1000);
   }
   for (const auto& s : p.steps()) {
     CHECK(s.device_ns >= 0);
-    CHECK(s.device_ns <= s.duration_ns());
+    CHECK(s.device_ns <= s.duration_ns() + kClockSlackNs);
   }
   auto f = p.figures(p.steps()[1]);
   CHECK(f.device == "cuda:0");
   CHECK(f.device_busy >= 0);
-  CHECK(f.device_busy <= 1.0);
+  CHECK(f.device_busy <= 1.01);  // the same clock slack, over a whole step
   auto ka = p.key_averages();
   REQUIRE(ka.find("matmul") != nullptr);
   CHECK(ka.find("matmul")->device_ns >= 0);

@@ -10,20 +10,13 @@
 #include "ember/data/dataloader.hpp"
 #include "ember/ember.hpp"
 #include "ember/quant/quantize.hpp"
+#include "error_message.hpp"
 
 using namespace ember;
+using ember::testing::message_of;
 using Catch::Matchers::Contains;
 
 namespace {
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
 FloatTensor randn(const Shape& s, uint64_t seed) {
   Generator g(seed);
   return FloatTensor::randn(s, Device::cpu(), 0.0, 1.0, g);
