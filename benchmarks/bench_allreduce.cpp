@@ -47,14 +47,14 @@
 #include "ember/ops/reduce.hpp"
 
 #if EMBER_BENCH_MPI
-#include "ember/distributed/mpi.hpp"
+#include "ember/dist/mpi.hpp"
 #endif
 
 #if EMBER_BENCH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "ember/distributed/nccl.hpp"
+#include "ember/dist/nccl.hpp"
 #endif
 
 using namespace ember;

@@ -37,8 +37,8 @@
 #include <thread>
 #include <vector>
 
-#include <ember/distributed/data_parallel.hpp>
-#include <ember/distributed/mpi.hpp>
+#include <ember/dist/data_parallel.hpp>
+#include <ember/dist/mpi.hpp>
 #include <ember/ember.hpp>
 
 using namespace ember;

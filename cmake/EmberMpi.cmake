@@ -1,5 +1,5 @@
 # Decides whether to build against MPI (EMBER_MPI = AUTO / ON / OFF) and defines ember::mpi:
-# ember::ember + MPI::MPI_CXX, for programs that use include/ember/distributed/mpi.hpp
+# ember::ember + MPI::MPI_CXX, for programs that use include/ember/dist/mpi.hpp
 # (dist::MpiProcessGroup, the CPU collectives). Included by the top-level CMakeLists.txt; sets
 # EMBER_HAVE_MPI. Open MPI on Debian/Ubuntu: apt-get install libopenmpi-dev openmpi-bin.
 set(EMBER_HAVE_MPI OFF)

@@ -16,7 +16,7 @@
 #include <iostream>
 #include <string>
 
-#include <ember/core/backend.hpp>
+#include <ember/core/backend_registry.hpp>
 
 #if defined(EMBER_TEST_HAVE_CUDA)
 #include <ember/backend/cuda/runtime.hpp>

@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "ember/data/distributed_sampler.hpp"
-#include "ember/distributed/data_parallel.hpp"
-#include "ember/distributed/same_settings.hpp"
-#include "ember/distributed/thread_group.hpp"
-#include "ember/distributed/zero.hpp"
+#include "ember/dist/data_parallel.hpp"
+#include "ember/dist/same_settings.hpp"
+#include "ember/dist/thread_group.hpp"
+#include "ember/dist/zero.hpp"
 #include "ember/ember.hpp"
 #include "pretend_gpu.hpp"
 
@@ -917,7 +917,7 @@ TEST_CASE("DataParallel and sync_found_inf over a group that takes device tensor
   }
 }
 
-// ---- Same settings on every rank (distributed/same_settings.hpp, issue 14) ----
+// ---- Same settings on every rank (dist/same_settings.hpp, issue 14) ----
 // Thread ranks share one environment, so each rank's settings come from SameSettingsOptions::settings.
 
 namespace {

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include <ember/log/metrics_logger.hpp>
+#include <ember/logging/metrics_logger.hpp>
 #include <ember/profile/profiler.hpp>
 #include <ember/profile/step_log.hpp>
 

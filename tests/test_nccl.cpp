@@ -23,8 +23,8 @@
 #include <vector>
 
 #include <ember/core/tensor.hpp>
-#include <ember/distributed/nccl.hpp>
-#include <ember/distributed/thread_group.hpp>
+#include <ember/dist/nccl.hpp>
+#include <ember/dist/thread_group.hpp>
 #include <ember/ops/elementwise.hpp>
 
 #include "gpu_skip.hpp"

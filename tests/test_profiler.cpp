@@ -15,8 +15,8 @@
 #include <set>
 #include <thread>
 
-#include <ember/distributed/data_parallel.hpp>
-#include <ember/distributed/thread_group.hpp>
+#include <ember/dist/data_parallel.hpp>
+#include <ember/dist/thread_group.hpp>
 #include <ember/ember.hpp>
 #include <ember/profile/profiler.hpp>
 

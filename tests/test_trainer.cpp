@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ember/backend/cpu/cpu_backend.hpp"
-#include "ember/distributed/thread_group.hpp"
+#include "ember/dist/thread_group.hpp"
 #include "ember/ember.hpp"
 #include "ember/train/trainer.hpp"
 #include "temp_dir.hpp"

@@ -14,7 +14,7 @@
 #include <string>
 
 #include <ember/ember.hpp>
-#include <ember/log/metrics_logger.hpp>
+#include <ember/logging/metrics_logger.hpp>
 #include <ember/profile/device_monitor.hpp>
 #include <ember/profile/profiler.hpp>
 #include <ember/profile/step_log.hpp>

@@ -30,19 +30,19 @@
 #include <thread>
 
 #include <ember/data/distributed_sampler.hpp>
-#include <ember/distributed/data_parallel.hpp>
-#include <ember/distributed/thread_group.hpp>
-#include <ember/distributed/zero.hpp>
+#include <ember/dist/data_parallel.hpp>
+#include <ember/dist/thread_group.hpp>
+#include <ember/dist/zero.hpp>
 #include <ember/ember.hpp>
 
 #if defined(EMBER_EXAMPLE_MPI) && __has_include(<mpi.h>)
-#include <ember/distributed/mpi.hpp>
+#include <ember/dist/mpi.hpp>
 #define DDP_TRAIN_HAVE_MPI 1
 #else
 #define DDP_TRAIN_HAVE_MPI 0
 #endif
 #if DDP_TRAIN_HAVE_MPI && defined(EMBER_EXAMPLE_NCCL)
-#include <ember/distributed/nccl.hpp>
+#include <ember/dist/nccl.hpp>
 #define DDP_TRAIN_HAVE_NCCL 1
 #else
 #define DDP_TRAIN_HAVE_NCCL 0

@@ -5,7 +5,7 @@
 #include "ember/core/macros.hpp"  // first: its C++20 check comes before any other error
 #include "ember/version.hpp"
 
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 #include "ember/core/device.hpp"
 #include "ember/core/dtype.hpp"
 #include "ember/core/error.hpp"
@@ -29,9 +29,9 @@
 #include "ember/optim/optim.hpp"
 #include "ember/amp/amp.hpp"
 #include "ember/train/train.hpp"
-#include "ember/distributed/process_group.hpp"  // dist::MpiProcessGroup: ember/distributed/mpi.hpp (link ember::mpi)
+#include "ember/dist/process_group.hpp"  // dist::MpiProcessGroup: ember/dist/mpi.hpp (link ember::mpi)
 #include "ember/data/distributed_sampler.hpp"
-#include "ember/log/metrics_logger.hpp"      // logging::MetricsLogger (TensorBoard, JSON lines, CSV)
+#include "ember/logging/metrics_logger.hpp"      // logging::MetricsLogger (TensorBoard, JSON lines, CSV)
 #include "ember/profile/device_monitor.hpp"  // profile::DeviceMonitor (NVML loaded at run time)
 #include "ember/profile/profiler.hpp"        // profile::Profiler, Range, ProfileScope, verdict
 #include "ember/profile/step_log.hpp"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include <ember/distributed/data_parallel.hpp>
-#include <ember/distributed/mpi.hpp>
+#include <ember/dist/data_parallel.hpp>
+#include <ember/dist/mpi.hpp>
 #include <ember/ember.hpp>
 
 using namespace ember;

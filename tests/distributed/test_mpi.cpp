@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "ember/data/distributed_sampler.hpp"
-#include "ember/distributed/mpi.hpp"
+#include "ember/dist/mpi.hpp"
 
 using namespace ember;
 

@@ -9,7 +9,7 @@
 //                             ember's static MpiRuntime destructor, whose MPI_Finalize waited for
 //                             the other ranks, so mpirun never saw rank 1 end and the job hung
 //                             until the survivors' timeout; now MPI is not finalised while a
-//                             process group is alive, see distributed/mpi.hpp.)
+//                             process group is alive, see dist/mpi.hpp.)
 //   test_mpi_failures stall   rank 1 stops taking part (sleeps, alive, as behind a cut link); the
 //                             others use the default options, so EMBER_DIST_TIMEOUT_S sets their
 //                             timeout, and MpiOptions::abort_on_timeout (default on) makes the
@@ -19,7 +19,7 @@
 //                             EMBER_DIST_ABORT_ON_TIMEOUT (values and error messages).
 //   test_mpi_failures settings  2 ranks started with different environments (MPMD:
 //                             `-np 1 env MKL_CBWR=AVX2 prog settings : -np 1 env -u MKL_CBWR prog
-//                             settings`): DataParallel's start-up check (distributed/same_settings.hpp)
+//                             settings`): DataParallel's start-up check (dist/same_settings.hpp)
 //                             warns on rank 0 only, naming MKL_CBWR and both values; agreeing
 //                             settings are silent; SettingsCheck::Error on one rank throws
 //                             DistributedError on both, and the group still works afterwards.
@@ -36,8 +36,8 @@
 #include <sstream>
 #include <vector>
 
-#include "ember/distributed/data_parallel.hpp"
-#include "ember/distributed/mpi.hpp"
+#include "ember/dist/data_parallel.hpp"
+#include "ember/dist/mpi.hpp"
 #include "ember/nn/linear.hpp"
 
 using namespace ember;

@@ -1,5 +1,5 @@
 // libFuzzer target for the numerics-settings exchange of the process groups
-// (distributed/same_settings.hpp): the bytes each rank receives from its peers are decoded without
+// (dist/same_settings.hpp): the bytes each rank receives from its peers are decoded without
 // trusting them. Whatever the bytes, decode() returns settings with no repeated name, encode() of
 // them decodes to the same settings (when they fit and hold no control characters or overlong
 // values, which encode cleans or cuts), and compare() over up to 9 ranks (the
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "ember/distributed/same_settings.hpp"
+#include "ember/dist/same_settings.hpp"
 
 namespace sd = ember::dist::settings_detail;
 

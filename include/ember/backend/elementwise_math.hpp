@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ember/core/kernel_table.hpp"
+#include "ember/core/backend.hpp"
 #include "ember/core/macros.hpp"
 
 namespace ember::math {

@@ -4,7 +4,7 @@
 // the divisor of an average.
 #include <cstdint>
 
-#include "ember/core/kernel_table.hpp"
+#include "ember/core/backend.hpp"
 #include "ember/core/macros.hpp"
 
 namespace ember::pool_math {

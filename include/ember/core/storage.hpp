@@ -4,7 +4,7 @@
 #include <functional>
 #include <memory>
 
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 
 namespace ember {
 

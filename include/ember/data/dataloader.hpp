@@ -43,7 +43,7 @@
 #include <thread>
 #include <vector>
 
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 #include "ember/core/error.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/core/trace.hpp"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 #include "ember/core/error.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/data/dataloader.hpp"

@@ -37,7 +37,7 @@
 
 #include "ember/core/error.hpp"
 #include "ember/core/trace.hpp"
-#include "ember/log/metrics_logger.hpp"
+#include "ember/logging/metrics_logger.hpp"
 #include "ember/profile/profiler.hpp"
 
 namespace ember::profile {

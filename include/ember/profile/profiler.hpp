@@ -48,10 +48,10 @@
 #include <utility>
 #include <vector>
 
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 #include "ember/core/trace.hpp"
 #include "ember/io/atomic_file.hpp"
-#include "ember/log/json_text.hpp"
+#include "ember/logging/json_text.hpp"
 #include "ember/profile/verdict.hpp"
 
 namespace ember::profile {

@@ -3,7 +3,7 @@
 // TensorBoard plots the breakdown beside the loss. Unknown figures (negative) are left out.
 #include <cstdint>
 
-#include "ember/log/metrics_logger.hpp"
+#include "ember/logging/metrics_logger.hpp"
 #include "ember/profile/verdict.hpp"
 
 namespace ember::profile {

@@ -47,8 +47,8 @@
 
 #include "ember/amp/grad_scaler.hpp"
 #include "ember/data/dataloader.hpp"
-#include "ember/distributed/data_parallel.hpp"
-#include "ember/log/metrics_logger.hpp"
+#include "ember/dist/data_parallel.hpp"
+#include "ember/logging/metrics_logger.hpp"
 #include "ember/nn/loss.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/optim/optimizer.hpp"

@@ -3,7 +3,7 @@
 // process group of its launch (one rank when started directly, N under mpirun) and all-reduces a
 // small float tensor. Rank r contributes (r + 1) * [1 2 3 4]; every rank checks the sum against
 // the value it computes itself, rank 0 prints it, and any wrong value exits non-zero.
-#include <ember/distributed/mpi.hpp>
+#include <ember/dist/mpi.hpp>
 #include <ember/version.hpp>
 
 #include <cstdio>

@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ember/core/kernel_table.hpp"
+#include "ember/core/backend.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EMBER_HOST_CACHE_DEFAULT_OFF 1

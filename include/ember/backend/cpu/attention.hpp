@@ -1,5 +1,5 @@
 #pragma once
-// CPU kernels of the fused scaled dot-product attention (core/kernel_table.hpp AttentionArgs).
+// CPU kernels of the fused scaled dot-product attention (core/backend.hpp AttentionArgs).
 //
 // Forward, blocked as FlashAttention does: the query rows of a head are taken kQueryBlock at a
 // time and the keys kKeyBlock at a time; a block of scores (scale * Q_blk K_blk^T, one small

@@ -2,6 +2,7 @@
 // The CPU backend: the reference implementation of every kernel in the table (core/backend.hpp).
 #include <cstring>
 
+#include "ember/backend/composite.hpp"
 #include "ember/backend/cpu/allocator.hpp"
 #include "ember/backend/cpu/attention.hpp"
 #include "ember/backend/cpu/conv.hpp"
@@ -151,6 +152,11 @@ class CpuBackend : public Backend {
     dispatch_dtype(t, [&](auto tag) { cpu::nonfinite_check(static_cast<const decltype(tag)*>(x), n, flag); });
   }
   void gemm(const GemmArgs& g) override { cpu::gemm(g); }
+  // No fused kernel: the composite, whose bits op::linear and the activation give.
+  void linear_act_forward(const LinearActArgs& a, const void* x, const void* w, const void* b, void* z,
+                          void* y) override {
+    linear_act_composite(*this, a, x, w, b, z, y);
+  }
   void softmax(DType t, const void* x, void* y, int64_t rows, int64_t cols, bool log) override {
     dispatch_dtype(t, [&](auto tag) {
       using T = decltype(tag);

@@ -1,6 +1,6 @@
 #pragma once
 // Which library the CPU's fp32 GEMM uses (backend/cpu/gemm.hpp has the why). A header of its own,
-// free of the kernels, so that the ranks' settings check (distributed/same_settings.hpp) and the
+// free of the kernels, so that the ranks' settings check (dist/same_settings.hpp) and the
 // benchmarks can name the choice.
 #if defined(EMBER_HAVE_ONEDNN) && defined(EMBER_ONEDNN_GEMM)
 #define EMBER_CPU_GEMM_ONEDNN 1

@@ -1,5 +1,5 @@
 #pragma once
-// CPU kernels of the fused cross-entropy from logits (core/kernel_table.hpp CrossEntropyArgs):
+// CPU kernels of the fused cross-entropy from logits (core/backend.hpp CrossEntropyArgs):
 // per row, the log-sum-exp and the picked and smoothed terms in one read of the logits, no
 // probabilities stored; the backward recomputes p = exp(x - lse) from the saved lse. Threaded
 // over rows; each row's arithmetic is serial (the result does not depend on the thread count).

@@ -1,5 +1,5 @@
 #pragma once
-// CPU kernels of the fused layer norm and RMSNorm (core/kernel_table.hpp NormArgs).
+// CPU kernels of the fused layer norm and RMSNorm (core/backend.hpp NormArgs).
 //
 // Forward, per row (threads take whole rows): the statistics in one read of the row by a Welford
 // update (of x - x[0], for precision far from 0) over kLanes independent lanes (all lanes see the same count, so the update vectorises),

@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "ember/backend/cpu/parallel.hpp"
-#include "ember/core/kernel_table.hpp"
+#include "ember/core/backend.hpp"
 
 #if defined(EMBER_HAVE_ONEDNN)
 #include <array>

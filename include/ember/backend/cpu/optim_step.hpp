@@ -1,5 +1,5 @@
 #pragma once
-// CPU kernels of the fused optimizer steps (core/kernel_table.hpp AdamStepArgs, SgdStepArgs,
+// CPU kernels of the fused optimizer steps (core/backend.hpp AdamStepArgs, SgdStepArgs,
 // RmspropStepArgs): one pass over the parameter, its gradient and the state instead of the 5-15
 // elementwise ops (each a full pass over memory) of the composites in optim/adam.hpp, sgd.hpp and
 // rmsprop.hpp. Each element follows the composite's

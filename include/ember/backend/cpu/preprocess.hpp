@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "ember/core/half.hpp"
-#include "ember/core/kernel_table.hpp"
+#include "ember/core/backend.hpp"
 #include "ember/core/macros.hpp"
 
 namespace ember::preprocess_math {

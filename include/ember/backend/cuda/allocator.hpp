@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "ember/backend/cuda/runtime.hpp"
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 
 namespace ember::cuda {
 

@@ -15,7 +15,7 @@
 #include <tuple>
 
 #include "ember/backend/cuda/cudnn.hpp"
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 #include "ember/core/checked_math.hpp"
 
 #if defined(__GNUC__)

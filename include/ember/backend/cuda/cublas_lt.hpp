@@ -1,6 +1,6 @@
 #pragma once
 // cuBLASLt (host code): Linear with its bias and activation in the GEMM's epilogue, for the
-// kernel table's linear_act_forward (LinearActArgs, core/kernel_table.hpp). One GEMM writes
+// kernel table's linear_act_forward (LinearActArgs, core/backend.hpp). One GEMM writes
 // y = act(x W^T + b), and for GELU also its input z (the epilogue's aux output), instead of a
 // broadcast of the bias, a GEMM that reads it back (beta = 1) and an activation kernel that reads
 // z and writes y.
@@ -13,7 +13,7 @@
 // split-K reductions only in fp32), ReLU and GELU with the tanh approximation (cuBLASLt's GELU;
 // the exact, erf GELU has no epilogue), with or without a bias; GELU's aux output needs
 // out % 8 == 0. Everything else, or a problem for which cuBLASLt's heuristic has no algorithm,
-// returns false and the backend runs the composite (Backend::linear_act_forward).
+// returns false and the backend runs the composite (backend/composite.hpp).
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include <tuple>
 
 #include "ember/backend/cuda/cublas.hpp"
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 
 namespace ember::cuda {
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ember/backend/composite.hpp"
 #include "ember/backend/cpu/elementwise.hpp"  // cpu::from_calc: fill values converted as on the CPU
 #include "ember/backend/cuda/allocator.hpp"
 #include "ember/backend/cuda/conv.hpp"
@@ -186,7 +187,7 @@ class CudaBackend final : public Backend {
     EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may free host_src on return
   }
-  // ---- pinned host memory and uploads on the copy stream (kernel_table.hpp)
+  // ---- pinned host memory and uploads on the copy stream (core/backend.hpp)
   void* allocate_pinned(size_t bytes) override {
     Guard g(device_);
     void* p = nullptr;
@@ -527,7 +528,7 @@ class CudaBackend final : public Backend {
     auto workspace = [this](size_t bytes) { return alloc_.allocate(bytes); };
     auto release = [this](void* p, size_t bytes) { alloc_.deallocate(p, bytes); };
     if (::ember::cuda::linear_act_lt(device_, stream_, a, x, w, b, z, y, workspace, release)) return;
-    Backend::linear_act_forward(a, x, w, b, z, y);
+    linear_act_composite(*this, a, x, w, b, z, y);
   }
 
   // ---- softmax

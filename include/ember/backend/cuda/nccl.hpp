@@ -1,5 +1,5 @@
 #pragma once
-// NCCL (host code): the include and the error check used by ember's GPU collectives (distributed/).
+// NCCL (host code): the include and the error check used by ember's GPU collectives (dist/).
 #include <nccl.h>
 
 #include <string>

@@ -12,7 +12,7 @@
 #include "ember/amp/autocast.hpp"
 #include "ember/train/accumulate.hpp"
 #include "ember/data/dataloader_json.hpp"
-#include "ember/distributed/data_parallel.hpp"
+#include "ember/dist/data_parallel.hpp"
 #include "ember/optim/clip.hpp"
 #include "ember/profile/profiler.hpp"
 #include "ember/profile/step_log.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-// Fused scaled dot-product attention on CUDA (core/kernel_table.hpp AttentionArgs), with the
+// Fused scaled dot-product attention on CUDA (core/backend.hpp AttentionArgs), with the
 // formulas of the CPU twin backend/cpu/attention.hpp (its parity test: tests/test_fused.cpp).
 //
 // A flash-style kernel on the CUDA cores (no tensor cores): one warp per row, the online softmax,

@@ -10,7 +10,7 @@
 #include <type_traits>
 
 // core/backend.hpp first: it includes the CPU backend, which needs elementwise_math.hpp complete.
-#include "ember/core/backend.hpp"
+#include "ember/core/backend_registry.hpp"
 #include "ember/backend/cuda/runtime.hpp"
 #include "ember/backend/elementwise_math.hpp"
 #include "ember/core/dtype.hpp"

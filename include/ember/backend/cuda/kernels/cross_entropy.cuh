@@ -1,5 +1,5 @@
 #pragma once
-// Fused cross-entropy from logits (core/kernel_table.hpp CrossEntropyArgs) with the CPU's
+// Fused cross-entropy from logits (core/backend.hpp CrossEntropyArgs) with the CPU's
 // formulas (backend/cpu/loss.hpp): a warp per row for up to kWarpMaxCols classes, else a block
 // per row (softmax.cuh's RowGroup and group_reduce). Forward: row max, sum of exp and (with label
 // smoothing) the weighted sum of logits; backward recomputes p = exp(x - lse). Sums in float

@@ -1,5 +1,5 @@
 #pragma once
-// Fused layer norm / RMSNorm (core/kernel_table.hpp NormArgs) with the CPU's semantics
+// Fused layer norm / RMSNorm (core/backend.hpp NormArgs) with the CPU's semantics
 // (backend/cpu/norm.hpp): a warp per row for rows of up to kWarpMaxCols columns, else a block per
 // row (the RowGroup and group_reduce of softmax.cuh). Forward: per-thread Welford statistics
 // merged across the group with Chan's formula (one read of x for the statistics), then y.

@@ -1,5 +1,5 @@
 #pragma once
-// CUDA kernels of the fused optimizer steps (core/kernel_table.hpp AdamStepArgs, SgdStepArgs,
+// CUDA kernels of the fused optimizer steps (core/backend.hpp AdamStepArgs, SgdStepArgs,
 // RmspropStepArgs): one pass over a parameter, its gradient and its state, the twins of
 // backend/cpu/optim_step.hpp. The scalars are
 // rounded to the state type S on the host exactly as the CPU kernel rounds them (and the lerp

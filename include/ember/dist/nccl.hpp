@@ -65,7 +65,7 @@
 #include "ember/backend/cuda/runtime.hpp"
 #include "ember/core/error.hpp"
 #include "ember/core/tensor.hpp"
-#include "ember/distributed/process_group.hpp"
+#include "ember/dist/process_group.hpp"
 
 namespace ember::dist {
 
@@ -761,5 +761,5 @@ class NcclProcessGroup : public ProcessGroup {
 }  // namespace ember::dist
 
 #elif defined(EMBER_REQUIRE_NCCL)
-#error "ember/distributed/nccl.hpp: nccl.h and cuda_runtime.h were not found (add the CUDA toolkit's include path)"
+#error "ember/dist/nccl.hpp: nccl.h and cuda_runtime.h were not found (add the CUDA toolkit's include path)"
 #endif

@@ -3,7 +3,7 @@
 //   metrics.jsonl   one JSON object per log call: {"step":..,"wall_time":..,"<tag>":value,...}
 //                   (text: {"step":..,"wall_time":..,"tag":..,"text":..})
 //   metrics.csv     long format, one row per value: step,wall_time,tag,value (RFC 4180 quoting)
-//   events.out.tfevents.*  TensorBoard scalars and text (log/event_file.hpp)
+//   events.out.tfevents.*  TensorBoard scalars and text (logging/event_file.hpp)
 //   hparams.json    the hyperparameters, written atomically (also logged as a text summary)
 //
 //   logging::MetricsLogger log("runs/exp1");
@@ -24,9 +24,9 @@
 
 #include "ember/core/error.hpp"
 #include "ember/io/atomic_file.hpp"
-#include "ember/log/event_file.hpp"
-#include "ember/log/file_write.hpp"
-#include "ember/log/json_text.hpp"
+#include "ember/logging/event_file.hpp"
+#include "ember/logging/file_write.hpp"
+#include "ember/logging/json_text.hpp"
 
 namespace ember::logging {
 

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "ember/core/error.hpp"
-#include "ember/log/crc32c.hpp"
-#include "ember/log/file_write.hpp"
+#include "ember/logging/crc32c.hpp"
+#include "ember/logging/file_write.hpp"
 
 namespace ember::logging {
 

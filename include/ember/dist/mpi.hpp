@@ -58,7 +58,7 @@
 #include <string>
 
 #include "ember/core/error.hpp"
-#include "ember/distributed/process_group.hpp"
+#include "ember/dist/process_group.hpp"
 
 #if __has_include(<mpi.h>)
 #include <mpi.h>

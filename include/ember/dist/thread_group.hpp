@@ -29,7 +29,7 @@
 #include <sstream>
 
 #include "ember/core/error.hpp"
-#include "ember/distributed/process_group.hpp"
+#include "ember/dist/process_group.hpp"
 
 namespace ember::dist {
 

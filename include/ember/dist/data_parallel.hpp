@@ -11,7 +11,7 @@
 //
 // How (as torch's Reducer):
 // - At construction the ranks first compare the settings that change numerics
-//   (DataParallelOptions::same_settings, distributed/same_settings.hpp: a warning from rank 0 by
+//   (DataParallelOptions::same_settings, dist/same_settings.hpp: a warning from rank 0 by
 //   default). Then the parameter names, shapes and dtypes of every rank are compared (each
 //   rank's fingerprints are all-gathered); a mismatch is a DistributedError on every rank that
 //   names the first differing parameter and the ranks. Then rank 0's parameters and buffers are
@@ -57,8 +57,8 @@
 
 #include "ember/amp/grad_scaler.hpp"
 #include "ember/autograd/engine.hpp"
-#include "ember/distributed/process_group.hpp"
-#include "ember/distributed/same_settings.hpp"
+#include "ember/dist/process_group.hpp"
+#include "ember/dist/same_settings.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/optim/optimizer.hpp"
 
@@ -80,7 +80,7 @@ struct DataParallelOptions {
   // reduced); at the end of backward .grad is the view again, holding the average.
   bool gradient_as_bucket_view = false;
   // At construction the ranks compare the settings that change numerics (ember's version, thread
-  // counts, the BLAS kernel, OPENBLAS_CORETYPE, OMP_NUM_THREADS, ...: distributed/same_settings.hpp):
+  // counts, the BLAS kernel, OPENBLAS_CORETYPE, OMP_NUM_THREADS, ...: dist/same_settings.hpp):
   // rank 0 warns when they disagree (default), or every rank throws DistributedError
   // (SettingsCheck::Error, or EMBER_REQUIRE_SAME_SETTINGS=1). One all_gather; Off skips it.
   SameSettingsOptions same_settings;

@@ -22,15 +22,15 @@
 // - Used together with DataParallel, the gradients are already averaged; the reduce_scatter
 //   averages identical values (correct, redundant communication).
 // - The construction compares the ranks' settings that change numerics (same_settings: a warning
-//   from rank 0 by default, see distributed/same_settings.hpp), then broadcasts rank 0's
+//   from rank 0 by default, see dist/same_settings.hpp), then broadcasts rank 0's
 //   parameters, so all replicas start equal.
 // - local_optimizer() is the shard's optimizer (hyperparameters, lr schedulers, its state_dict:
 //   each rank saves its own shard's state).
 #include <functional>
 #include <memory>
 
-#include "ember/distributed/process_group.hpp"
-#include "ember/distributed/same_settings.hpp"
+#include "ember/dist/process_group.hpp"
+#include "ember/dist/same_settings.hpp"
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::dist {

@@ -36,7 +36,7 @@
 #include "ember/backend/cpu/gemm_choice.hpp"
 #include "ember/backend/cpu/parallel.hpp"
 #include "ember/core/error.hpp"
-#include "ember/distributed/process_group.hpp"
+#include "ember/dist/process_group.hpp"
 #include "ember/version.hpp"
 
 #if defined(EMBER_OPENBLAS_WEAK)

@@ -1,0 +1,77 @@
+#pragma once
+// The registry of backends: backend_for(Device), the CPU backend (always present) and the CUDA
+// backend that the nvcc-compiled translation unit registers at start-up (backend/cuda/ember_cuda.cu),
+// and the memory statistics of a device. The interface itself is core/backend.hpp.
+#include "ember/core/backend.hpp"
+
+namespace ember {
+
+namespace detail {
+inline int& cuda_device_count_slot() {
+  static int count = 0;
+  return count;
+}
+}  // namespace detail
+
+// Called by the nvcc-compiled translation unit at start-up.
+inline void register_cuda_backend(Backend* (*for_device)(int), int device_count);
+
+// The CPU backend. Header-only (the default): defined in backend/cpu/cpu_backend.hpp, which
+// this header includes at its end, so every translation unit compiles the whole backend again.
+// EMBER_CPU_BACKEND_COMPILED (defined for every file of a program, as the CMake target
+// ember::cpu_backend does): the backend is compiled once, in backend/cpu/ember_cpu.cpp, and the
+// other files neither see nor compile it (about a third of a test file's compile time).
+#if defined(EMBER_CPU_BACKEND_COMPILED)
+namespace detail {
+Backend& compiled_cpu_backend();  // backend/cpu/ember_cpu.cpp
+}  // namespace detail
+inline Backend& cpu_backend() { return detail::compiled_cpu_backend(); }
+#else
+inline Backend& cpu_backend();
+#endif
+
+namespace detail {
+inline Backend* (*&cuda_backend_factory())(int) {
+  static Backend* (*factory)(int) = nullptr;
+  return factory;
+}
+}  // namespace detail
+
+inline void register_cuda_backend(Backend* (*for_device)(int), int device_count) {
+  detail::cuda_backend_factory() = for_device;
+  detail::cuda_device_count_slot() = device_count;
+}
+
+namespace cuda {
+// True when the CUDA backend was compiled into this program (ember::cuda linked).
+inline bool is_compiled() { return detail::cuda_backend_factory() != nullptr; }
+// Number of usable CUDA devices; 0 without a GPU or without the CUDA backend.
+inline int device_count() { return detail::cuda_device_count_slot(); }
+inline bool is_available() { return device_count() > 0; }
+}  // namespace cuda
+
+inline Backend& backend_for(Device d) {
+  if (d.is_cpu()) return cpu_backend();
+  EMBER_CHECK(cuda::is_compiled(), DeviceError, "device ", d.str(),
+              " requested but the CUDA backend is not compiled into this program (link ember::cuda, "
+              "which compiles include/ember/backend/cuda/ember_cuda.cu with nvcc)");
+  EMBER_CHECK(d.index() >= 0 && d.index() < cuda::device_count(), DeviceError, "device ", d.str(),
+              " requested but ", cuda::device_count(), " CUDA device(s) are available");
+  return *detail::cuda_backend_factory()(d.index());
+}
+
+// Memory statistics of a device.
+inline MemoryStats memory_stats(Device d = Device::cpu()) { return backend_for(d).memory_stats(); }
+inline void reset_peak_memory(Device d = Device::cpu()) { backend_for(d).reset_peak_memory(); }
+inline void set_memory_limit(Device d, int64_t bytes) { backend_for(d).set_memory_limit(bytes); }
+inline void empty_cache(Device d = Device::cpu()) { backend_for(d).empty_cache(); }
+inline void set_cache_limit(Device d, int64_t bytes) { backend_for(d).set_cache_limit(bytes); }
+inline void synchronize(Device d) { backend_for(d).synchronize(); }
+
+}  // namespace ember
+
+// With EMBER_CPU_BACKEND_COMPILED the backend is compiled once (backend/cpu/ember_cpu.cpp) and
+// stays out of the other files; a file that names cpu::CpuBackend includes it itself.
+#if !defined(EMBER_CPU_BACKEND_COMPILED)
+#include "ember/backend/cpu/cpu_backend.hpp"
+#endif
