@@ -931,8 +931,8 @@ TEST_CASE("Trainer run again after early stopping stays stopped", "[trainer]") {
   REQUIRE(again.final_metrics == first.final_metrics);
 }
 
-// The Trainer's checkpoint state as train/detail/trainer_impl.hpp wrote it before the metric tracker
-// (flat keys): such a checkpoint resumes best-by-metric and early stopping where they were.
+// The earlier flat layout of the Trainer's checkpoint state (have_best, best, best_step, es_have,
+// es_best, es_bad): such a checkpoint resumes best-by-metric and early stopping where they were.
 TEST_CASE("Trainer resumes a checkpoint whose trainer state has the flat best/es keys", "[trainer]") {
   testing::TempDir tmp("ember-trainer-");
   data::DataLoader val(make_data(12, 0.5), {.batch_size = 6});

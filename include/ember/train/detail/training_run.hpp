@@ -4,10 +4,8 @@
 // method per phase of it, which run() calls in order.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <exception>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>

@@ -124,9 +124,8 @@ inline nlohmann::json TrainingRun::trainer_state_json() const {
   return j;
 }
 
-// Reads trainer_state_json(), and the flat keys that checkpoints written before the metric
-// trackers hold instead of "best_metric" and "early_stopping" (have_best, best, best_step;
-// es_have, es_best, es_bad); those have no "loss" and "metrics" either.
+// Reads trainer_state_json(), or the earlier flat layout: have_best, best, best_step and es_have,
+// es_best, es_bad in place of "best_metric" and "early_stopping", and no "loss" or "metrics".
 inline void TrainingRun::restore_trainer_state(const nlohmann::json& j, const std::string& who) {
   try {
     state_.step = j.at("step").get<int64_t>();
