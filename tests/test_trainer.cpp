@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -194,13 +196,15 @@ struct ResumeRun {
   std::unique_ptr<data::DataLoader> val;
   train::FitResult result;
   ResumeRun(const fs::path& dir, int64_t max_steps, train::CheckpointPolicy policy, train::CancelToken* cancel = nullptr,
-            std::shared_ptr<train::Callback> cb = nullptr, int64_t epochs = 3) {
+            std::shared_ptr<train::Callback> cb = nullptr, int64_t epochs = 3, std::ostream* progress = nullptr) {
     val = std::make_unique<data::DataLoader>(make_data(12, 0.5), data::DataLoaderOptions{.batch_size = 6});
     policy.dir = dir;
-    train::Trainer t(quiet({.epochs = epochs, .max_steps = max_steps, .precision = train::Precision::Fp16,
-                            .grad_scaler = {.init_scale = 1024.0, .growth_interval = 3}, .accumulation = 2,
-                            .scheduler = s.sched.get(), .validation = {.loader = val.get()}, .checkpoint = policy,
-                            .cancel = cancel}));
+    train::TrainerOptions o = quiet({.epochs = epochs, .max_steps = max_steps, .precision = train::Precision::Fp16,
+                                     .grad_scaler = {.init_scale = 1024.0, .growth_interval = 3}, .accumulation = 2,
+                                     .scheduler = s.sched.get(), .validation = {.loader = val.get()},
+                                     .checkpoint = policy, .cancel = cancel});
+    if (progress) o.progress = {.mode = train::ProgressMode::Lines, .out = progress, .every_steps = 1000};
+    train::Trainer t(o);
     if (cb) t.add_callback(cb);
     result = t.fit(*s.model, *s.loader, *s.opt, train::cross_entropy_loss());
   }
@@ -833,4 +837,149 @@ TEST_CASE("Trainer bad options are clear errors", "[trainer]") {
   // bf16 on that device is fine as far as the check goes (the loader's batches are on the CPU
   // here, so only the check is exercised).
   REQUIRE_NOTHROW(train::trainer_detail::check_precision_on(train::Precision::Bf16, Device::cuda(0)));
+}
+
+namespace {
+
+// How often `what` occurs in `text`, ignoring case.
+size_t count_ignoring_case(std::string text, std::string what) {
+  for (std::string* s : {&text, &what})
+    for (char& c : *s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("Trainer prints the bottleneck verdict once, in any case", "[trainer][progress]") {
+  Setup s(0.0, 8);  // 6 steps per epoch
+  std::ostringstream os;
+  train::Trainer t({.epochs = 1, .profile = {.steps = 2, .start_step = 1, .table_rows = 0},
+                    .progress = {.mode = train::ProgressMode::Lines, .out = &os, .every_steps = 100}});
+  t.fit(*s.model, *s.loader, *s.opt, train::cross_entropy_loss());
+  INFO(os.str());
+  REQUIRE(count_ignoring_case(os.str(), "verdict:") == 1);
+  REQUIRE(os.str().find("Step breakdown") != std::string::npos);  // the profiler's step report is there
+}
+
+TEST_CASE("Trainer without validation reports the training loss in final_metrics", "[trainer]") {
+  Setup s(0.0, 8);
+  train::Trainer t(quiet({.epochs = 1}));
+  train::FitResult r = t.fit(*s.model, *s.loader, *s.opt, train::cross_entropy_loss());
+  REQUIRE(r.train_losses.size() == 6);
+  REQUIRE(r.final_loss == r.train_losses.back());
+  REQUIRE(r.final_metrics == train::Metrics{{"train/loss", r.train_losses.back()}});
+
+  // With validation: the last validation's metrics and the training loss.
+  Setup v(0.0, 8);
+  data::DataLoader val(make_data(12, 0.5), {.batch_size = 6});
+  train::Trainer tv(quiet({.epochs = 1, .validation = {.loader = &val}}));
+  train::FitResult rv = tv.fit(*v.model, *v.loader, *v.opt, train::cross_entropy_loss());
+  REQUIRE(rv.history.size() == 1);
+  train::Metrics want = rv.history.back().metrics;
+  want["train/loss"] = rv.train_losses.back();
+  REQUIRE(rv.final_metrics == want);
+}
+
+TEST_CASE("Trainer run again after the run finished reports its figures and that it was complete", "[trainer]") {
+  testing::TempDir tmp("ember-trainer-");
+  const fs::path dir = tmp.path / "a";
+  ResumeRun full(dir, 0, {.every_epochs = 1});
+  REQUIRE(full.result.steps == 18);
+  REQUIRE_FALSE(full.result.already_complete);
+  REQUIRE(full.result.final_loss == full.result.train_losses.back());
+  std::ostringstream os;
+  ResumeRun again(dir, 0, {.every_epochs = 1}, nullptr, nullptr, 3, &os);
+  INFO(os.str());
+  REQUIRE(again.result.already_complete);
+  REQUIRE(again.result.resumed_from == dir / "step-18");
+  REQUIRE(again.result.start_step == 18);
+  REQUIRE(again.result.steps == 18);
+  REQUIRE(again.result.train_losses.empty());
+  REQUIRE(again.result.history.empty());
+  REQUIRE(again.result.final_loss == full.result.final_loss);
+  REQUIRE(again.result.final_metrics == full.result.final_metrics);
+  REQUIRE(again.result.final_metrics.at("val/accuracy") == full.result.history.back().metrics.at("val/accuracy"));
+  REQUIRE(os.str().find("already complete") != std::string::npos);
+  REQUIRE(train::CheckpointManager(dir).steps() == std::vector<int64_t>{18, 12, 6});  // nothing new written
+  REQUIRE(param_bytes(*again.s.model) == param_bytes(*full.s.model));
+}
+
+TEST_CASE("Trainer run again after early stopping stays stopped", "[trainer]") {
+  testing::TempDir tmp("ember-trainer-");
+  data::DataLoader val(make_data(12, 0.5), {.batch_size = 6});
+  auto run = [&] {
+    Setup s;
+    optim::SGD sgd(s.model->parameters(), {.lr = 0.0});  // val/loss never improves
+    train::Trainer t(quiet({.epochs = 10,
+                            .validation = {.loader = &val},
+                            .checkpoint = {.dir = tmp.path / "c", .every_epochs = 1},
+                            .early_stopping = {.metric = "val/loss", .patience = 2}}));
+    return t.fit(*s.model, *s.loader, sgd, train::cross_entropy_loss());
+  };
+  const train::FitResult first = run();
+  REQUIRE(first.early_stopped);
+  REQUIRE(first.steps == 3 * 12);
+  const train::FitResult again = run();
+  REQUIRE(again.resumed_from == tmp.path / "c" / "step-36");
+  REQUIRE(again.already_complete);
+  REQUIRE(again.steps == 3 * 12);
+  REQUIRE(again.early_stopped);
+  REQUIRE(again.train_losses.empty());
+  REQUIRE(again.final_loss == first.final_loss);
+  REQUIRE(again.final_metrics == first.final_metrics);
+}
+
+// The earlier flat layout of the Trainer's checkpoint state (have_best, best, best_step, es_have,
+// es_best, es_bad): such a checkpoint resumes best-by-metric and early stopping where they were.
+TEST_CASE("Trainer resumes a checkpoint whose trainer state has the flat best/es keys", "[trainer]") {
+  testing::TempDir tmp("ember-trainer-");
+  data::DataLoader val(make_data(12, 0.5), {.batch_size = 6});
+  auto run = [&](const fs::path& dir, int64_t epochs) {
+    Setup s;
+    optim::SGD sgd(s.model->parameters(), {.lr = 0.0});  // val/loss never improves: best stays at step 12
+    train::Trainer t(quiet({.epochs = epochs,
+                            .validation = {.loader = &val},
+                            .checkpoint = {.dir = dir, .every_epochs = 1, .best_metric = "val/loss",
+                                           .best_mode = train::MetricMode::Min},
+                            .early_stopping = {.metric = "val/loss", .patience = 3}}));
+    return t.fit(*s.model, *s.loader, sgd, train::cross_entropy_loss());
+  };
+  const train::FitResult full = run(tmp.path / "full", 10);
+  REQUIRE(full.early_stopped);
+  REQUIRE(full.epochs_completed == 4);  // best at epoch 1, three without improvement
+  REQUIRE(full.best_step == 12);
+  const double best = full.history.front().metrics.at("val/loss");
+
+  for (const bool flat : {false, true}) {
+    INFO((flat ? "flat keys" : "as written"));
+    const fs::path dir = tmp.path / (flat ? "flat" : "nested");
+    const train::FitResult first = run(dir, 2);
+    REQUIRE(first.steps == 24);
+    if (flat) {
+      const fs::path state = dir / "step-24" / "state.json";
+      nlohmann::json j;
+      {
+        std::ifstream in(state);
+        in >> j;
+      }
+      j["user"]["trainer"] = {{"step", 24},      {"epoch", 2},
+                              {"step_in_epoch", 0}, {"have_best", true},
+                              {"best", best},    {"best_step", 12},
+                              {"best_path", (dir / "best" / "step-12").string()},
+                              {"es_have", true}, {"es_best", best},
+                              {"es_bad", 1}};
+      std::ofstream(state) << j.dump(2) << "\n";
+    }
+    const train::FitResult second = run(dir, 10);
+    REQUIRE(second.resumed_from == dir / "step-24");
+    REQUIRE_FALSE(second.already_complete);
+    REQUIRE(second.early_stopped);
+    REQUIRE(second.steps == full.steps);
+    REQUIRE(second.epochs_completed == 2);
+    REQUIRE(second.best_step == 12);
+    REQUIRE(second.best_metric == best);
+    REQUIRE(second.best_checkpoint == dir / "best" / "step-12");
+  }
 }

@@ -21,26 +21,25 @@
 // corrupt) and verified (state.json parses, each file has its recorded size and CRC32, each
 // safetensors header validates); one that fails is skipped with a warning naming the folder and
 // the reason, and the next older one is used. Temporary folders are never taken for checkpoints;
-// those left by dead processes are removed when a manager is made.
+// those left by dead processes are removed when a manager is made. (The folder layout, its scan
+// and the verification: detail/checkpoint_folder.hpp.)
 //
 // save_async copies the state to host memory on the calling thread, then writes on a background
 // thread while training goes on; a second save waits for the first; a writer's error is thrown by
 // the next save, save_async, wait() or load; the destructor waits (and reports an error it cannot
-// throw on stderr).
+// throw on stderr). (The staging buffers: detail/checkpoint_staging.hpp.)
 #include <signal.h>
-#include <zlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -59,7 +58,8 @@
 #include "ember/nn/module.hpp"
 #include "ember/optim/scheduler.hpp"
 #include "ember/optim/state_io.hpp"
-#include "ember/version.hpp"
+#include "ember/train/detail/checkpoint_folder.hpp"
+#include "ember/train/detail/checkpoint_staging.hpp"
 
 namespace ember::train {
 
@@ -124,58 +124,6 @@ inline SamplerPosition sampler_position_from(const nlohmann::json& data, data::D
 }
 
 namespace detail {
-inline uint32_t crc32_update(uint32_t crc, const void* p, size_t n) {
-  const Bytef* b = static_cast<const Bytef*>(p);
-  uLong c = crc;
-  while (n > 0) {
-    const uInt chunk = n > (1u << 30) ? (1u << 30) : static_cast<uInt>(n);
-    c = ::crc32(c, b, chunk);
-    b += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(c);
-}
-
-inline uint32_t crc32_of_file(const std::filesystem::path& p, uint64_t& size) {
-  std::ifstream f(p, std::ios::binary);
-  EMBER_CHECK(f.good(), IOError, "cannot open '", p.string(), "'");
-  std::vector<char> buf(size_t{8} << 20);
-  uint32_t crc = 0;
-  size = 0;
-  while (f) {
-    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize got = f.gcount();
-    if (got <= 0) break;
-    crc = crc32_update(crc, buf.data(), static_cast<size_t>(got));
-    size += static_cast<uint64_t>(got);
-  }
-  EMBER_CHECK(!f.bad(), IOError, "read error on '", p.string(), "'");
-  return crc;
-}
-
-// step-<n> -> n; anything else -> nullopt.
-inline std::optional<int64_t> step_of(const std::string& name) {
-  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return std::nullopt;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return std::nullopt;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
-
-inline std::string version_string() {
-  return ::ember::detail::str_cat(EMBER_VERSION_MAJOR, ".", EMBER_VERSION_MINOR, ".", EMBER_VERSION_PATCH);
-}
-
-// A host copy of t that shares nothing with it (the training thread may change t right after).
-inline AnyTensor host_snapshot(const AnyTensor& t) {
-  if (!t.device().is_cpu()) return t.detach().to(Device::cpu());
-  AnyTensor out = AnyTensor::empty(t.shape(), t.dtype(), Device::cpu());
-  if (t.nbytes() > 0) std::memcpy(out.data_ptr(), t.data_ptr(), t.nbytes());
-  return out;
-}
-
 // Everything one checkpoint writes, detached from the live objects (for save_async) or
 // referring to them (for save).
 struct Snapshot {
@@ -230,14 +178,9 @@ class CheckpointManager {
   void save_async(int64_t step, const CheckpointTargets& t, const CheckpointExtras& extras = {}) {
     trace::PhaseScope phase(trace::Phase::CheckpointSave);
     wait();
-    pending_devices_.clear();  // (left over only from a snapshot that threw; its copies are stream-ordered)
-    host_copies_.clear();
+    staging_.begin();
     auto s = std::make_shared<detail::Snapshot>(snapshot(step, t, extras, /*copy=*/true));
-    // Device tensors were queued as downloads into pinned buffers: one synchronisation per device
-    // makes them all complete before the writer reads them.
-    for (const Device& d : pending_devices_) backend_for(d).synchronize();
-    pending_devices_.clear();
-    run_host_copies();
+    staging_.complete(options_.copy_threads);  // before the writer reads the buffers
     writer_ = std::thread([this, s] {
       try {
         write(*s);
@@ -260,21 +203,12 @@ class CheckpointManager {
   }
 
   // Steps of the folders named step-<n>, newest first (not verified).
-  std::vector<int64_t> steps() const {
-    std::vector<int64_t> out;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
-      if (!e.is_directory(ec)) continue;
-      if (auto s = detail::step_of(e.path().filename().string())) out.push_back(*s);
-    }
-    std::sort(out.rbegin(), out.rend());
-    return out;
-  }
+  std::vector<int64_t> steps() const { return detail::checkpoint_steps(dir_); }
 
   // Why the checkpoint of this step is not usable, or "" when it verifies.
   std::string verify(int64_t step) const {
     try {
-      check_folder(path_of(step));
+      detail::verify_checkpoint_folder(path_of(step));
       return "";
     } catch (const std::exception& e) {
       return e.what();
@@ -296,7 +230,7 @@ class CheckpointManager {
   LoadedCheckpoint load(int64_t step, const CheckpointTargets& t) {
     wait();
     const std::filesystem::path p = path_of(step);
-    nlohmann::json st = check_folder(p);
+    nlohmann::json st = detail::verify_checkpoint_folder(p);
     const std::string who = "checkpoint '" + p.string() + "'";
     // Check that what the targets need is there before changing anything.
     EMBER_CHECK(!t.model || st["files"].contains("model.safetensors"), FormatError, who, " has no model");
@@ -347,7 +281,7 @@ class CheckpointManager {
     detail::Snapshot s;
     s.step = step;
     size_t slot = 0;
-    auto take = [&](const AnyTensor& v) { return copy ? stage(v, slot++) : v.detach(); };
+    auto take = [&](const AnyTensor& v) { return copy ? staging_.stage(v, slot++) : v.detach(); };
     if (t.model) {
       s.has_model = true;
       // Tied parameters (one storage, two names) are saved once each: safetensors refuses shared
@@ -451,41 +385,6 @@ class CheckpointManager {
     apply_retention(s.step);
   }
 
-  // Verifies a checkpoint folder; returns its state.json. Throws FormatError/IOError with the reason.
-  nlohmann::json check_folder(const std::filesystem::path& p) const {
-    const std::string who = "checkpoint '" + p.string() + "'";
-    std::ifstream f(p / "state.json");
-    EMBER_CHECK(f.good(), IOError, who, ": no readable state.json");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    nlohmann::json st;
-    try {
-      st = nlohmann::json::parse(ss.str());
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(who + ": state.json is not JSON: " + e.what());
-    }
-    EMBER_CHECK(st.is_object() && st.value("format", "") == "ember.checkpoint", FormatError, who,
-                ": state.json is not an ember checkpoint state");
-    for (const char* k : {"step", "epoch"})
-      EMBER_CHECK(st.contains(k) && st[k].is_number_integer(), FormatError, who, ": state.json lacks '", k, "'");
-    for (const char* k : {"files", "generators", "data", "user"})
-      EMBER_CHECK(st.contains(k) && st[k].is_object(), FormatError, who, ": state.json lacks the object '", k, "'");
-    for (auto it = st["files"].begin(); it != st["files"].end(); ++it) {
-      const std::string name = it.key();
-      EMBER_CHECK(name.find('/') == std::string::npos && name != ".." && it->contains("bytes") && it->contains("crc32"),
-                  FormatError, who, ": bad files entry '", name, "'");
-      uint64_t size = 0;
-      const std::filesystem::path fp = p / name;
-      EMBER_CHECK(std::filesystem::exists(fp), IOError, who, ": ", name, " is missing");
-      const uint32_t crc = detail::crc32_of_file(fp, size);
-      EMBER_CHECK(size == (*it)["bytes"].get<uint64_t>(), FormatError, who, ": ", name, " has ", size,
-                  " bytes, state.json says ", (*it)["bytes"].get<uint64_t>());
-      EMBER_CHECK(crc == (*it)["crc32"].get<uint32_t>(), FormatError, who, ": ", name, " fails its CRC32 check (",
-                  crc, " != ", (*it)["crc32"].get<uint32_t>(), ")");
-      io::SafetensorsFile check(fp);  // the header validates too
-    }
-    return st;
-  }
 
   void apply_retention(int64_t just_written) {
     if (options_.keep_last == 0) return;
@@ -526,85 +425,8 @@ class CheckpointManager {
     }
   }
 
-  // A host copy of v in staging buffer `slot` (reallocated when the shape, dtype or source device
-  // changed). A device tensor's buffer is pinned host memory from its backend
-  // (Backend::allocate_pinned) and its copy only queued (download_async): save_async synchronises
-  // each device once after staging everything.
-  AnyTensor stage(const AnyTensor& v, size_t slot) {
-    if (slot >= staging_.size()) staging_.resize(slot + 1);
-    StagingSlot& st = staging_[slot];
-    AnyTensor& buf = st.host;
-    if (!buf.defined() || buf.dtype() != v.dtype() || !(buf.shape() == v.shape()) || st.source != v.device()) {
-      buf = v.device().is_cpu() ? AnyTensor::empty(v.shape(), v.dtype(), Device::cpu()) : pinned_host_tensor(v);
-      st.source = v.device();
-    }
-    if (v.nbytes() > 0) {
-      if (v.device().is_cpu()) {
-        host_copies_.push_back({buf.data_ptr(), v.data_ptr(), v.nbytes()});  // done by run_host_copies
-      } else {
-        v.backend().download_async(buf.data_ptr(), v.data_ptr(), v.nbytes());
-        if (std::find(pending_devices_.begin(), pending_devices_.end(), v.device()) == pending_devices_.end())
-          pending_devices_.push_back(v.device());
-      }
-    }
-    return buf;
-  }
 
-  // The host-to-host staging copies of one save_async, cut into equal byte ranges over
-  // copy_threads threads (this one included): one memcpy is bound by one core's bandwidth.
-  void run_host_copies() {
-    struct Copy {
-      char* dst;
-      const char* src;
-      size_t bytes;
-    };
-    std::vector<Copy> jobs;
-    size_t total = 0;
-    for (const HostCopy& c : host_copies_) total += c.bytes;
-    int n = options_.copy_threads > 0 ? options_.copy_threads
-                                      : static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
-    constexpr size_t kMinPerThread = size_t(4) << 20;  // below this a thread costs more than it saves
-    n = static_cast<int>(std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(n), total / kMinPerThread)));
-    const size_t share = (total + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
-    std::vector<std::vector<Copy>> parts(static_cast<size_t>(n));
-    size_t part = 0, filled = 0;
-    for (const HostCopy& c : host_copies_) {
-      size_t done = 0;
-      while (done < c.bytes) {
-        const bool last = part + 1 == parts.size();  // the last part takes whatever is left
-        const size_t take = last ? c.bytes - done : std::min(c.bytes - done, share - filled);
-        parts[part].push_back({static_cast<char*>(c.dst) + done, static_cast<const char*>(c.src) + done, take});
-        done += take;
-        filled += take;
-        if (filled == share && part + 1 < parts.size()) {
-          ++part;
-          filled = 0;
-        }
-      }
-    }
-    host_copies_.clear();
-    auto run = [](const std::vector<Copy>& cs) {
-      for (const Copy& c : cs) std::memcpy(c.dst, c.src, c.bytes);
-    };
-    std::vector<std::thread> helpers;
-    for (size_t i = 1; i < parts.size(); ++i) {
-      try {
-        helpers.emplace_back(run, std::cref(parts[i]));
-      } catch (const std::system_error&) {
-        run(parts[i]);  // no thread to be had: copy it here
-      }
-    }
-    run(parts[0]);
-    for (auto& h : helpers) h.join();
-  }
 
-  // An uninitialised CPU tensor shaped as v whose storage is pinned host memory of v's device.
-  static AnyTensor pinned_host_tensor(const AnyTensor& v) {
-    const Device dev = v.device();
-    return AnyTensor::empty_from(
-        v.shape(), v.dtype(), Device::cpu(), [dev](size_t bytes) { return backend_for(dev).allocate_pinned(bytes); },
-        [dev](void* q, size_t n) { backend_for(dev).free_pinned(q, n); }, "CheckpointManager staging");
-  }
 
   void join() {
     if (writer_.joinable()) writer_.join();
@@ -622,18 +444,7 @@ class CheckpointManager {
   std::thread writer_;
   std::mutex mu_;
   std::exception_ptr error_;
-  struct StagingSlot {
-    AnyTensor host;                // pageable for a CPU source, pinned for a device source
-    Device source = Device::cpu();
-  };
-  std::vector<StagingSlot> staging_;  // host copies for save_async, reused (touched only between saves)
-  std::vector<Device> pending_devices_;  // devices with queued downloads (calling thread only)
-  struct HostCopy {
-    void* dst;
-    const void* src;
-    size_t bytes;
-  };
-  std::vector<HostCopy> host_copies_;  // staging copies of host tensors queued by stage() (calling thread only)
+  detail::StagingBuffers staging_;  // save_async's host copies (touched only between saves)
   uint64_t counter_ = 0;  // only the thread that writes (one at a time) touches it
 };
 

@@ -53,6 +53,7 @@
 #include "ember/nn/module.hpp"
 #include "ember/optim/optimizer.hpp"
 #include "ember/optim/scheduler.hpp"
+#include "ember/train/metric_tracker.hpp"
 #include "ember/train/progress.hpp"
 
 namespace ember::train {
@@ -75,9 +76,6 @@ inline const char* precision_name(Precision p) {
 
 // When the LR scheduler is stepped: after every optimizer step, or after every epoch.
 enum class SchedulerInterval { Step, Epoch };
-
-// Whether a larger or a smaller metric value is better.
-enum class MetricMode { Max, Min };
 
 // A validation metric computed by the caller: the mean of something over one batch (the Trainer
 // averages batches weighted by their sample count, over every rank).
@@ -126,6 +124,9 @@ struct ProfileWindow {
 
 class CancelToken;
 class Callback;
+namespace trainer_detail {
+class TrainingRun;
+}
 
 struct TrainerOptions {
   // The budget (at least one of them > 0; the first reached ends the run).
@@ -169,8 +170,6 @@ struct TrainerOptions {
 // State, results, callbacks
 // ---------------------------------------------------------------------------------------------
 
-using Metrics = std::map<std::string, double>;
-
 // Where the run is; what callbacks see.
 struct TrainerState {
   int64_t epoch = 0;            // the current epoch (0-based)
@@ -179,11 +178,12 @@ struct TrainerState {
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;      // the budget in optimizer steps
   int64_t start_step = 0;       // where this fit started (> 0 after a resume)
-  double loss = 0;              // the last step's training loss (mean over its micro-batches, this rank)
+  double loss = 0;              // the last step's training loss (mean over its micro-batches, this rank;
+                                // after a resume, the checkpoint's until a step runs)
   double lr = 0;                // group 0's learning rate
   int64_t samples = 0;          // samples this rank trained on in this fit
   double seconds = 0;           // wall time of this fit so far
-  Metrics metrics;              // the latest validation's metrics
+  Metrics metrics;              // the latest validation's metrics (after a resume, the checkpoint's)
   int rank = 0, world_size = 1;
 };
 
@@ -192,9 +192,13 @@ struct EvalRecord {
   Metrics metrics;
 };
 
+// What fit returns. A fit that resumes a checkpoint of a run that had already ended (its budget
+// spent, or stopped early) trains nothing: already_complete is true, and final_loss and
+// final_metrics are the run's, read from that checkpoint.
 struct FitResult {
   bool cancelled = false;       // stopped through the CancelToken
-  bool early_stopped = false;   // stopped by EarlyStopping
+  bool early_stopped = false;   // stopped by EarlyStopping (in this fit, or in the run it resumed)
+  bool already_complete = false;  // resumed a finished run: nothing left to train, no step ran
   int64_t steps = 0;            // optimizer steps done in the whole run (resumed ones included)
   int64_t start_step = 0;       // the step this fit started from (0, or the resumed checkpoint's)
   int64_t epochs_completed = 0;
@@ -206,8 +210,10 @@ struct FitResult {
   int64_t best_step = -1;
   std::vector<EvalRecord> history;          // every validation of this fit, in order (not those before a resume)
   std::vector<double> train_losses;         // every step's loss in this fit (this rank)
-  Metrics final_metrics;                    // the last validation's metrics (empty when none)
-  double final_loss = 0;
+  // The latest validation's metrics in the run (those of the resumed checkpoint when this fit has
+  // not validated yet), and "train/loss": final_loss. Without validation, "train/loss" alone.
+  Metrics final_metrics;
+  double final_loss = 0;                    // the run's last step's loss (this rank; 0 when unknown)
   double seconds = 0;                       // wall time of fit
   int64_t samples = 0;                      // samples this rank trained on
   double samples_per_second = 0;            // this rank's
@@ -317,6 +323,8 @@ class Trainer {
                    dist::ProcessGroup* group = nullptr);
 
  private:
+  friend class trainer_detail::TrainingRun;  // the loop of one fit (detail/training_run.hpp)
+
   FitResult run(nn::Module& model, dist::DataParallel* dp, data::DataLoader& train, optim::Optimizer& opt,
                 const LossFn* loss, const StepFn* step);
   Metrics evaluate_impl(nn::Module& model, data::DataLoader& loader, const LossFn* loss, const StepFn* step,
