@@ -94,6 +94,26 @@ class ProcessGroup {
   void all_gather(AnyTensor& output, const AnyTensor& input) { all_gather_async(output, input)->wait(); }
 };
 
+namespace detail {
+
+// reduce_scatter and all_gather of a group of group_size ranks: output and input of one dtype, the
+// whole one (reduce_scatter's input, all_gather's output) with group_size times the elements of
+// the other. `call` names the collective in the error ("MpiProcessGroup::all_gather").
+inline void check_whole_and_part(const std::string& call, const AnyTensor& output, const AnyTensor& input,
+                                 bool output_is_whole, int group_size) {
+  EMBER_CHECK(output.dtype() == input.dtype(), DTypeError, call, ": output ", output.desc(), " and input ",
+              input.desc(), " differ in dtype");
+  const AnyTensor& whole = output_is_whole ? output : input;
+  const AnyTensor& part = output_is_whole ? input : output;
+  const char* whole_name = output_is_whole ? "output" : "input";
+  const char* part_name = output_is_whole ? "input" : "output";
+  EMBER_CHECK(whole.numel() == part.numel() * group_size, ShapeError, call, ": ", whole_name, " ", whole.desc(),
+              " must have size() * ", part_name, ".numel() = ", group_size, " * ", part.numel(), " elements (",
+              part_name, " ", part.desc(), ")");
+}
+
+}  // namespace detail
+
 // A Work that is already done (single-rank groups, empty tensors).
 class CompletedWork : public Work {
  public:
