@@ -19,7 +19,7 @@
 // - The group works on a duplicate of MPI_COMM_WORLD (or of the communicator given) with
 //   MPI_ERRORS_RETURN; an MPI error code becomes a DistributedError with MPI_Error_string's text.
 // - When ember initialises MPI it sets OMPI_MCA_mpi_yield_when_idle=1 unless the environment
-//   already sets it (Open MPI then yields the core while it busy-waits; see MpiRuntime).
+//   already sets it (Open MPI then yields the core while it busy-waits; see detail/mpi_runtime.hpp).
 // - Threads: MPI is initialised with MPI_THREAD_MULTIPLE when the library provides it; otherwise
 //   with what it provides (at least MPI_THREAD_SERIALIZED is required) and the group then
 //   serialises its own MPI calls with a mutex, so any thread may use it, one call at a time.

@@ -1,9 +1,9 @@
 #pragma once
 // dist::ProcessGroup: the collectives data parallelism needs, over a backend that moves the
-// tensors (DESIGN.md decision 9: NCCL for CUDA tensors, MPI for CPU tensors; no home-made
-// transport). Every rank calls the same collectives in the same order with tensors of the same
-// shape and dtype. Synchronous calls return when the result is in place; asynchronous ones
-// return a Work handle to wait on (GPU work is ordered on streams with events: no host sync).
+// tensors (NCCL for CUDA tensors, MPI for CPU tensors; no home-made transport). Every rank calls
+// the same collectives in the same order with tensors of the same shape and dtype. Synchronous
+// calls return when the result is in place; asynchronous ones return a Work handle to wait on
+// (GPU work is ordered on streams with events: no host sync).
 // Every wait has a deadline (ProcessGroupOptions::timeout): a peer that fails or vanishes
 // becomes an ember::DistributedError on the ranks that wait for it, never a silent hang.
 #include <algorithm>
