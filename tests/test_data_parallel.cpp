@@ -917,7 +917,7 @@ TEST_CASE("DataParallel and sync_found_inf over a group that takes device tensor
   }
 }
 
-// ---- Same settings on every rank (dist/same_settings.hpp, issue 14) ----
+// ---- Same settings on every rank (dist/same_settings.hpp) ----
 // Thread ranks share one environment, so each rank's settings come from SameSettingsOptions::settings.
 
 namespace {

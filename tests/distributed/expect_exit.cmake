@@ -1,11 +1,15 @@
-# Runs a command that must end with one exact exit status within MAX_SECONDS (no process may
-# hang), its output matching EXPECT and not matching REJECT (when given). For the MPI tests where
-# a rank fails on purpose and mpirun must pass its status on.
-#   cmake -DCOMMAND="mpiexec -n 2 prog exit" -DEXPECT_RC=7 -DEXPECT=regex -DREJECT=regex
+# Runs one MPI test job and checks how it ended (ember_mpi_test in this folder's CMakeLists.txt):
+# within MAX_SECONDS (no rank may hang), with exit status EXPECT_RC ("nonzero": any but 0), its
+# output matching EXPECT and not matching REJECT (each when given).
+#   cmake "-DCOMMAND=mpiexec -n 2 prog exit" -DEXPECT_RC=7 -DEXPECT=regex -DREJECT=regex
 #         -DMAX_SECONDS=60 -P expect_exit.cmake
+# COMMAND is split as a shell would split it (double quotes keep an argument with spaces whole).
 separate_arguments(_cmd UNIX_COMMAND "${COMMAND}")
 if(NOT MAX_SECONDS)
   set(MAX_SECONDS 60)
+endif()
+if(NOT DEFINED EXPECT_RC OR "${EXPECT_RC}" STREQUAL "")
+  set(EXPECT_RC 0)
 endif()
 string(TIMESTAMP _t0 "%s" UTC)
 execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err
@@ -18,7 +22,11 @@ message("expect_exit: exit status '${_rc}' after ${_secs} s (expected ${EXPECT_R
 if(_rc MATCHES "timeout" OR _secs GREATER_EQUAL MAX_SECONDS)
   message(FATAL_ERROR "expect_exit: the command did not end within ${MAX_SECONDS} s (a rank hangs)")
 endif()
-if(NOT "${_rc}" STREQUAL "${EXPECT_RC}")
+if(EXPECT_RC STREQUAL "nonzero")
+  if("${_rc}" STREQUAL "0")
+    message(FATAL_ERROR "expect_exit: the command succeeded but was expected to fail")
+  endif()
+elseif(NOT "${_rc}" STREQUAL "${EXPECT_RC}")
   message(FATAL_ERROR "expect_exit: exit status '${_rc}', expected '${EXPECT_RC}'")
 endif()
 if(DEFINED EXPECT AND NOT "${EXPECT}" STREQUAL "" AND NOT "${_out}${_err}" MATCHES "${EXPECT}")

@@ -1,16 +1,10 @@
-// Multi-process tests of dist::MpiProcessGroup (run under mpirun with 2 or 3 ranks; see
-// tests/distributed/CMakeLists.txt). Every rank checks the results against what it can compute itself.
-// Plain checks, not Catch2: every rank runs the same checks, prints the failures it sees, and the
-// program ends with one summary line per rank and a non-zero exit on any failure.
-//
-//   test_mpi_dist            collectives: all dtypes, ops, async overlap, uneven batches, errors
-//   test_mpi_dist timeout    rank 0 skips a collective: the others must raise DistributedError
-//                            within the 2 s timeout; they report it and the job exits non-zero
-//   test_mpi_dist kill       rank 1 SIGKILLs itself mid-loop: the job must end, non-zero, quickly
-//   test_mpi_dist mismatch   the ranks all_reduce different sizes: a DistributedError, not a hang
+// Multi-process tests of dist::MpiProcessGroup's collectives (run under mpirun with 2 and 3 ranks;
+// see tests/distributed/CMakeLists.txt): all dtypes and ops, async overlap, background progress,
+// uneven batches, errors raised before any communication, with the communication thread and
+// without it. Every rank checks the results against what it can compute itself (mpi_harness.hpp).
+// The deliberate failures (timeouts, a killed rank, mismatched sizes) are test_mpi_failures.cpp.
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -19,22 +13,13 @@
 
 #include "ember/data/distributed_sampler.hpp"
 #include "ember/dist/mpi.hpp"
+#include "mpi_harness.hpp"
 
 using namespace ember;
+using testing::mpi::expect;
 
 namespace {
 
-int g_rank = 0;
-int g_checks = 0;
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_failures;
-    std::fprintf(stderr, "[rank %d] FAILED: %s\n", g_rank, what.c_str());
-  }
-}
 
 bool close(double got, double want, double tol) { return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want)); }
 
@@ -48,9 +33,9 @@ void check_values(const AnyTensor& t, const std::vector<double>& want, double to
       bad = i;
     }
   }
-  check(ok, what + (ok ? "" : ": element " + std::to_string(bad) + " is " +
-                                   (bad < got.size() ? std::to_string(got[bad]) : "missing") + ", expected " +
-                                   (bad < want.size() ? std::to_string(want[bad]) : "nothing")));
+  expect(ok, what + (ok ? "" : ": element " + std::to_string(bad) + " is " +
+                                    (bad < got.size() ? std::to_string(got[bad]) : "missing") + ", expected " +
+                                    (bad < want.size() ? std::to_string(want[bad]) : "nothing")));
 }
 
 template <class Fn>
@@ -58,11 +43,11 @@ void check_throws(Fn&& fn, const char* expected_type, const std::string& what) {
   try {
     fn();
   } catch (const std::exception& e) {
-    check(std::string(expected_type) == "any" || std::strstr(typeid(e).name(), expected_type) != nullptr,
-          what + ": threw " + typeid(e).name() + " (" + e.what() + "), expected " + expected_type);
+    expect(std::string(expected_type) == "any" || std::strstr(typeid(e).name(), expected_type) != nullptr,
+           what + ": threw " + typeid(e).name() + " (" + e.what() + "), expected " + expected_type);
     return;
   }
-  check(false, what + ": did not throw");
+  expect(false, what + ": did not throw");
 }
 
 double tol_for(DType t) { return (t == DType::Float16 || t == DType::BFloat16) ? 1e-2 : 1e-6; }
@@ -104,7 +89,7 @@ void test_collectives(dist::MpiProcessGroup& pg) {
     std::vector<float> v = t.to_vector();
     bool ok = true;
     for (float x : v) ok = ok && close(x, (R + 1) / 2.0, 1e-6);
-    check(ok, "all_reduce avg float32 of 1M elements");
+    expect(ok, "all_reduce avg float32 of 1M elements");
   }
 
   // Broadcast from the last rank, every dtype.
@@ -156,7 +141,7 @@ void test_collectives(dist::MpiProcessGroup& pg) {
   }
 
   pg.barrier();
-  check(true, "barrier");
+  expect(true, "barrier");
 
   // Async overlap: start two collectives, wait for them in the reverse order.
   {
@@ -167,7 +152,7 @@ void test_collectives(dist::MpiProcessGroup& pg) {
     auto wb = pg.all_gather_async(b_out, b_in);
     wb->wait();
     wa->wait();
-    check(wa->is_completed() && wb->is_completed(), "async: both Work handles report completion");
+    expect(wa->is_completed() && wb->is_completed(), "async: both Work handles report completion");
     check_values(a, std::vector<double>(1000, R * (R + 1) / 2.0), 1e-6, "async overlap: all_reduce");
     std::vector<double> want;
     for (int q = 0; q < R; ++q) want.insert(want.end(), 3, q);
@@ -189,8 +174,8 @@ void test_collectives(dist::MpiProcessGroup& pg) {
         count += 1;
       }
     std::vector<double> s = stats.to_vector();
-    check(close(s[1], count, 0) && close(s[0] / s[1], total / count, 1e-12),
-          "uneven batches: global mean over " + std::to_string(static_cast<int>(count)) + " samples");
+    expect(close(s[1], count, 0) && close(s[0] / s[1], total / count, 1e-12),
+           "uneven batches: global mean over " + std::to_string(static_cast<int>(count)) + " samples");
     // The sampler evens out the shares: 10 samples over R ranks, every rank gets the same count,
     // and together (with padding) they cover all 10.
     data::DistributedSampler sampler(10, R, r, {.seed = 1});
@@ -204,8 +189,8 @@ void test_collectives(dist::MpiProcessGroup& pg) {
     for (int64_t i : v) seen[static_cast<size_t>(i)] = true;
     bool covered = true;
     for (bool b : seen) covered = covered && b;
-    check(covered && static_cast<int64_t>(v.size()) == sampler.total_size(),
-          "sampler: shares gathered from all ranks cover the dataset");
+    expect(covered && static_cast<int64_t>(v.size()) == sampler.total_size(),
+           "sampler: shares gathered from all ranks cover the dataset");
   }
 
   // Errors raised before any communication (every rank raises the same one, so no rank waits).
@@ -224,10 +209,10 @@ void test_collectives(dist::MpiProcessGroup& pg) {
   // Empty tensors complete at once.
   {
     FloatTensor e = FloatTensor::zeros({0});
-    check(pg.all_reduce_async(e)->is_completed(), "all_reduce of an empty tensor");
+    expect(pg.all_reduce_async(e)->is_completed(), "all_reduce of an empty tensor");
   }
-  check(pg.backend_name() == "mpi", "backend_name");
-  check(pg.local_rank() >= 0 && pg.local_rank() < pg.local_size(), "local_rank in [0, local_size)");
+  expect(pg.backend_name() == "mpi", "backend_name");
+  expect(pg.local_rank() >= 0 && pg.local_rank() < pg.local_size(), "local_rank in [0, local_size)");
 }
 
 // With the communication thread a collective completes while the caller does not enter MPI at all:
@@ -244,11 +229,11 @@ void test_background_progress(dist::MpiProcessGroup& pg) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       done = w->is_completed();
     }
-    check(done, "comm thread: an 8 MB all_reduce completed while the caller slept");
+    expect(done, "comm thread: an 8 MB all_reduce completed while the caller slept");
   }
   w->wait();
   std::vector<float> v = t.to_vector();
-  check(v.front() == R * (R + 1) / 2.0f && v.back() == R * (R + 1) / 2.0f, "background all_reduce: values");
+  expect(v.front() == R * (R + 1) / 2.0f && v.back() == R * (R + 1) / 2.0f, "background all_reduce: values");
 
   // A Work dropped before completion still completes (the thread owns it) and later
   // collectives are unaffected.
@@ -263,122 +248,37 @@ void test_background_progress(dist::MpiProcessGroup& pg) {
       dropped_done = d.data()[0] == static_cast<float>(R) && d.data()[(1 << 18) - 1] == static_cast<float>(R);
       if (!dropped_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    check(dropped_done, "a dropped Work completes in the background");
+    expect(dropped_done, "a dropped Work completes in the background");
   }
-}
-
-int run_collectives() {
-  auto pg = dist::init_from_environment({.timeout = std::chrono::seconds(30)});
-  // The same checks once more with the caller driving MPI (MpiOptions::comm_thread = false).
-  dist::MpiOptions caller_driven;
-  caller_driven.timeout = std::chrono::seconds(30);
-  caller_driven.comm_thread = false;
-  dist::MpiProcessGroup pg_caller(caller_driven);
-  g_rank = pg->rank();
-  auto t0 = std::chrono::steady_clock::now();
-  check(pg->has_comm_thread() == (pg->thread_level() == MPI_THREAD_MULTIPLE),
-        "the communication thread runs exactly where MPI provides MPI_THREAD_MULTIPLE");
-  check(!pg_caller.has_comm_thread(), "MpiOptions::comm_thread = false: no communication thread");
-  for (dist::MpiProcessGroup* g : {pg.get(), &pg_caller}) {
-    try {
-      test_collectives(*g);
-      test_background_progress(*g);
-    } catch (const std::exception& e) {
-      check(false, std::string("unexpected exception: ") + e.what());
-    }
-  }
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("test_mpi rank %d of %d: %d checks, %d failed (%.0f ms, thread level %d, comm thread %s)\n",
-              pg->rank(), pg->size(), g_checks, g_failures, ms, pg->thread_level(),
-              pg->has_comm_thread() ? "on" : "off");
-  std::fflush(stdout);
-  // Every rank's verdict: fail the whole job when any rank failed.
-  IntTensor failed = IntTensor::full({1}, static_cast<double>(g_failures));
-  pg->all_reduce(failed, dist::ReduceOp::Sum);
-  int total = failed.item();
-  if (pg->rank() == 0) std::printf("test_mpi: %s (%d ranks)\n", total == 0 ? "ALL PASSED" : "FAILURES", pg->size());
-  return total == 0 ? 0 : 1;
-}
-
-// Rank 0 skips a collective; the others must raise DistributedError within the timeout.
-int run_timeout() {
-  dist::MpiOptions options;
-  options.timeout = std::chrono::milliseconds(2000);
-  options.abort_on_timeout = false;  // this test catches the error itself
-  auto pg = dist::init_from_environment(options);
-  g_rank = pg->rank();
-  pg->barrier();
-  if (pg->rank() == 0) {
-    // Not taking part: wait until the others have given up (the job is aborted by then).
-    std::this_thread::sleep_for(std::chrono::seconds(20));
-    std::printf("rank 0: the job was not aborted within 20 s\n");
-    return 5;
-  }
-  FloatTensor t = FloatTensor::ones({8});
-  auto start = std::chrono::steady_clock::now();
-  try {
-    pg->all_reduce(t);
-    std::printf("rank %d: all_reduce completed without rank 0 (unexpected)\n", pg->rank());
-    return 6;
-  } catch (const DistributedError& e) {
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("rank %d: DistributedError after %.2f s (as expected): %s\n", pg->rank(), s, e.what());
-    std::fflush(stdout);
-    bool ok = s < 8.0 && std::strstr(e.what(), "float32[8]") && std::strstr(e.what(), "2000 ms");
-    std::printf("rank %d: timeout test %s; aborting the job on purpose\n", pg->rank(), ok ? "EXPECTED-ERROR-OK" : "BAD");
-    std::fflush(stdout);
-    MPI_Abort(MPI_COMM_WORLD, ok ? 3 : 4);
-  }
-  return 7;
-}
-
-// Rank 1 dies (SIGKILL) in the middle of a loop of all_reduces.
-int run_kill() {
-  auto pg = dist::init_from_environment({.timeout = std::chrono::seconds(15)});
-  g_rank = pg->rank();
-  FloatTensor t = FloatTensor::ones({1024});
-  for (int i = 0; i < 100000; ++i) {
-    if (i == 50 && pg->rank() == 1) {
-      std::printf("rank 1: raising SIGKILL at iteration %d\n", i);
-      std::fflush(stdout);
-      std::raise(SIGKILL);
-    }
-    pg->all_reduce(t, dist::ReduceOp::Avg);
-  }
-  std::printf("rank %d: the loop finished although rank 1 died\n", pg->rank());
-  return 0;
-}
-
-// The ranks call all_reduce with different sizes (rank 0: 8 elements, the others: 64): MPI
-// reports a truncated message on a rank that receives more than its buffer holds, which must be a
-// DistributedError (the group's communicator returns errors), not a fatal MPI abort; that rank
-// then ends the job. Ranks whose call "succeeds" wait for the job to end.
-int run_mismatch() {
-  auto pg = dist::init_from_environment({.timeout = std::chrono::seconds(10)});
-  g_rank = pg->rank();
-  pg->barrier();
-  FloatTensor t = FloatTensor::ones({pg->rank() == 0 ? 8 : 64});
-  try {
-    pg->all_reduce(t);
-  } catch (const DistributedError& e) {
-    std::printf("rank %d: DistributedError (as expected): %s\nrank %d: MISMATCH-ERROR-OK\n", pg->rank(), e.what(),
-                pg->rank());
-    std::fflush(stdout);
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
-  std::this_thread::sleep_for(std::chrono::seconds(20));  // until a rank that saw the error ends the job
-  std::printf("rank %d: no rank reported the mismatch within 20 s\n", pg->rank());
-  return 5;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::string mode = argc > 1 ? argv[1] : "collectives";
-  if (mode == "collectives") return run_collectives();
-  if (mode == "timeout") return run_timeout();
-  if (mode == "kill") return run_kill();
-  if (mode == "mismatch") return run_mismatch();
-  std::fprintf(stderr, "usage: %s [collectives|timeout|kill|mismatch]\n", argv[0]);
-  return 2;
+int main() {
+  return testing::mpi::run_job("test_mpi collectives", {.timeout = std::chrono::seconds(30)},
+                               [](dist::MpiProcessGroup& pg) {
+    // The same checks once more with the caller driving MPI (MpiOptions::comm_thread = false).
+    dist::MpiOptions caller_driven;
+    caller_driven.timeout = std::chrono::seconds(30);
+    caller_driven.comm_thread = false;
+    dist::MpiProcessGroup pg_caller(caller_driven);
+    auto t0 = std::chrono::steady_clock::now();
+    expect(pg.has_comm_thread() == (pg.thread_level() == MPI_THREAD_MULTIPLE),
+           "the communication thread runs exactly where MPI provides MPI_THREAD_MULTIPLE");
+    expect(!pg_caller.has_comm_thread(), "MpiOptions::comm_thread = false: no communication thread");
+    for (dist::MpiProcessGroup* g : {&pg, &pg_caller}) {
+      try {
+        test_collectives(*g);
+        test_background_progress(*g);
+      } catch (const std::exception& e) {
+        expect(false, std::string("unexpected exception: ") + e.what());
+      }
+    }
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const auto& tally = testing::mpi::tally();
+    std::printf("test_mpi rank %d of %d: %d checks, %d failed (%.0f ms, thread level %d, comm thread %s)\n",
+                pg.rank(), pg.size(), tally.checks, tally.failures, ms, pg.thread_level(),
+                pg.has_comm_thread() ? "on" : "off");
+    std::fflush(stdout);
+  });
 }

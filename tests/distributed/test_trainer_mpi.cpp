@@ -3,9 +3,7 @@
 // prints and writes checkpoints, and a run resumed by every rank from rank 0's epoch checkpoint
 // continues the uninterrupted data-parallel run bitwise.
 //   mpirun -np 2 test_trainer_mpi <scratch folder>
-// Plain checks with messages; any failure makes the job exit non-zero ("FAILED" in the output).
-#include <cmath>
-#include <cstdio>
+// Plain checks (mpi_harness.hpp); any failure makes the job exit non-zero ("FAILED" in the output).
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -17,18 +15,13 @@
 #include <ember/ember.hpp>
 #include <ember/train/trainer.hpp>
 
+#include "mpi_harness.hpp"
+
 using namespace ember;
+using testing::mpi::expect;
+using testing::mpi::relative_error;
 
 namespace {
-
-int failures = 0;
-
-void expect(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    ++failures;
-    std::printf("rank %d: FAILED %s\n", rank, what.c_str());
-  }
-}
 
 constexpr int64_t kSamples = 48;
 
@@ -53,11 +46,7 @@ struct Run {
 Run fit(dist::ProcessGroup* pg, int64_t epochs, const std::filesystem::path& dir) {
   const int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
   const int64_t batch = pg ? 4 : 4 * 2;
-  manual_seed(42);
-  auto model = std::make_shared<nn::Sequential>();
-  model->emplace<nn::Linear>(6, 16);
-  model->emplace<nn::Tanh>();
-  model->emplace<nn::Linear>(16, 3);
+  auto model = testing::mpi::seeded_mlp(6, 16, 3);
   optim::SGD sgd(model->parameters(), {.lr = 0.1, .momentum = 0.9});
   data::DataLoader loader(make_data(), {.batch_size = batch, .drop_last = true,
                                         .sampler = data::DistributedSampler(kSamples, world, rank, {.shuffle = true, .seed = 3})});
@@ -82,16 +71,6 @@ Run fit(dist::ProcessGroup* pg, int64_t epochs, const std::filesystem::path& dir
   return out;
 }
 
-double relative_error(const AnyTensor& a, const AnyTensor& b) {
-  auto x = a.to_double_vector(), y = b.to_double_vector();
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num = std::max(num, std::fabs(x[i] - y[i]));
-    den = std::max(den, std::fabs(y[i]));
-  }
-  return num / den;
-}
-
 bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
@@ -99,40 +78,28 @@ bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto pg = dist::init_from_environment({.timeout = std::chrono::seconds(60)});
-  const int r = pg->rank();
-  const std::filesystem::path dir = argc > 1 ? argv[1] : "trainer_mpi";
-  try {
-    expect(pg->size() == 2, "this test runs on 2 ranks", r);
-    if (r == 0) std::filesystem::remove_all(dir);
-    pg->barrier();
+  return testing::mpi::run_job("Trainer over mpi", {.timeout = std::chrono::seconds(60)},
+                               [&](dist::MpiProcessGroup& pg) {
+    const int r = pg.rank();
+    expect(pg.size() == 2, "this test runs on 2 ranks");
+    const auto dir = testing::mpi::scratch_folder(pg, argc, argv, "trainer_mpi");
     const Run single = fit(nullptr, 2, {});
-    const Run dp = fit(pg.get(), 2, dir / "full");
-    expect(dp.result.steps == single.result.steps && dp.result.steps == 6, "6 optimizer steps in both runs", r);
+    const Run dp = fit(&pg, 2, dir / "full");
+    expect(dp.result.steps == single.result.steps && dp.result.steps == 6, "6 optimizer steps in both runs");
     for (size_t i = 0; i < single.params.size(); ++i)
       expect(relative_error(dp.params[i], single.params[i]) < 1e-5,
-             "parameter " + std::to_string(i) + " equals the single-process run's", r);
+             "parameter " + std::to_string(i) + " equals the single-process run's");
     expect(r == 0 ? dp.printed.find("step 6/6") != std::string::npos : dp.printed.empty(),
-           r == 0 ? "rank 0 prints its progress" : "ranks other than 0 print nothing", r);
-    expect(dp.checkpoints == (r == 0 ? 2 : 0), "rank 0 alone writes the checkpoints", r);
+           r == 0 ? "rank 0 prints its progress" : "ranks other than 0 print nothing");
+    expect(dp.checkpoints == (r == 0 ? 2 : 0), "rank 0 alone writes the checkpoints");
     // Stop after epoch 1, resume on every rank from rank 0's checkpoint.
-    const Run first = fit(pg.get(), 1, dir / "a");
-    const Run resumed = fit(pg.get(), 2, dir / "a");
-    expect(resumed.result.start_step == 3, "every rank resumes at step 3", r);
+    const Run first = fit(&pg, 1, dir / "a");
+    const Run resumed = fit(&pg, 2, dir / "a");
+    expect(resumed.result.start_step == 3, "every rank resumes at step 3");
     std::vector<double> losses = first.losses;
     losses.insert(losses.end(), resumed.losses.begin(), resumed.losses.end());
-    expect(losses == dp.losses, "the losses of fit + resumed fit equal the uninterrupted run bitwise", r);
+    expect(losses == dp.losses, "the losses of fit + resumed fit equal the uninterrupted run bitwise");
     for (size_t i = 0; i < dp.params.size(); ++i)
-      expect(same_bytes(resumed.params[i], dp.params[i]), "parameter " + std::to_string(i) + " bitwise after resume", r);
-  } catch (const std::exception& e) {
-    std::printf("rank %d: FAILED with an exception: %s\n", r, e.what());
-    ++failures;
-  }
-  AnyTensor f = Tensor<int64_t>::scalar(failures);
-  pg->all_reduce(f, dist::ReduceOp::Sum);
-  if (r == 0)
-    std::printf("Trainer over mpi, %d ranks: %s (%lld failures)\n", pg->size(),
-                f.item_double() == 0 ? "all checks passed" : "FAILURES", static_cast<long long>(f.item_double()));
-  if (r == 0 && f.item_double() == 0) std::filesystem::remove_all(dir);
-  return f.item_double() == 0 ? 0 : 1;
+      expect(same_bytes(resumed.params[i], dp.params[i]), "parameter " + std::to_string(i) + " bitwise after resume");
+  });
 }

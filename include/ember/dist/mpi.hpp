@@ -1,9 +1,14 @@
 #pragma once
-// dist::MpiProcessGroup: the ProcessGroup for CPU tensors over MPI (DESIGN.md decision 9: Open MPI
-// moves the bytes and launches the ranks; `mpirun -np N prog` or `srun prog`).
+// dist::MpiProcessGroup: the ProcessGroup for CPU tensors over MPI (Open MPI moves the bytes and
+// launches the ranks; `mpirun -np N prog` or `srun prog`).
 //
 //   auto pg = ember::dist::init_from_environment();      // MPI_Init_thread if needed
 //   pg->all_reduce(grad, ember::dist::ReduceOp::Avg);    // every rank ends with the mean
+//
+// The machinery behind it lives in ember/dist/detail/: MPI's lifetime and locking
+// (mpi_runtime.hpp), dtypes as MPI sees them (mpi_datatypes.hpp), one collective in flight
+// (mpi_pending.hpp), the communication thread (mpi_comm_thread.hpp) and the Work handle with its
+// deadline (mpi_work.hpp).
 //
 // Build: link the CMake target ember::mpi (ember::ember + MPI::MPI_CXX). mpi.h is not on the
 // compiler's default include path, so this header is not part of ember/ember.hpp; included
@@ -14,7 +19,7 @@
 // - The group works on a duplicate of MPI_COMM_WORLD (or of the communicator given) with
 //   MPI_ERRORS_RETURN; an MPI error code becomes a DistributedError with MPI_Error_string's text.
 // - When ember initialises MPI it sets OMPI_MCA_mpi_yield_when_idle=1 unless the environment
-//   already sets it (Open MPI then yields the core while it busy-waits; see MpiRuntime).
+//   already sets it (Open MPI then yields the core while it busy-waits; see detail/mpi_runtime.hpp).
 // - Threads: MPI is initialised with MPI_THREAD_MULTIPLE when the library provides it; otherwise
 //   with what it provides (at least MPI_THREAD_SERIALIZED is required) and the group then
 //   serialises its own MPI calls with a mutex, so any thread may use it, one call at a time.
@@ -63,17 +68,15 @@
 #if __has_include(<mpi.h>)
 #include <mpi.h>
 
-#include <atomic>
 #include <climits>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
-#include "ember/core/half.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/dist/detail/mpi_comm_thread.hpp"
+#include "ember/dist/detail/mpi_datatypes.hpp"
+#include "ember/dist/detail/mpi_runtime.hpp"
+#include "ember/dist/detail/mpi_work.hpp"
 
 namespace ember::dist {
 
@@ -82,416 +85,6 @@ inline constexpr bool kHaveMpi = true;
 // (MpiOptions::abort_on_timeout): EX_TEMPFAIL of <sysexits.h>, "try again later" (restart the job
 // from its last checkpoint), distinct from a crash (134, 137) and from a plain failure (1).
 inline constexpr int kTimeoutAbortStatus = 75;
-
-namespace detail {
-
-// MPI's lifetime in this process: initialised on first use (unless the program did it), finalised
-// at exit when ember initialised it, no collective was lost to a failure and no group is alive.
-class MpiRuntime {
- public:
-  static MpiRuntime& instance() {
-    static MpiRuntime rt;
-    return rt;
-  }
-  int thread_level() const { return provided_; }
-  bool serialized() const { return provided_ < MPI_THREAD_MULTIPLE; }
-  // After a timeout or an MPI error a collective may still be pending: MPI_Finalize would hang.
-  void poison() { poisoned_.store(true); }
-  bool poisoned() const { return poisoned_.load(); }
-  std::mutex& mutex() { return mu_; }
-  // MpiProcessGroups alive now (constructor / destructor).
-  void group_created() { live_groups_.fetch_add(1); }
-  void group_destroyed() { live_groups_.fetch_sub(1); }
-  int live_groups() const { return live_groups_.load(); }
-
-  // Runs at exit (std::exit or the end of main). A group still alive means the program is leaving
-  // in the middle of its work, with peers that may be waiting for it in a collective: MPI_Finalize
-  // would block until they reach it (never, if they wait in an all_reduce: until their timeout).
-  // Leaving without it lets the launcher see this rank end and end the job with its status.
-  ~MpiRuntime() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (we_initialised_ && !finalized && !poisoned_.load() && live_groups_.load() == 0) MPI_Finalize();
-  }
-
- private:
-  MpiRuntime() {
-    int initialised = 0;
-    MPI_Initialized(&initialised);
-    if (!initialised) {
-      // A group's communication thread sits inside blocking MPI calls while the training thread
-      // computes, so this process has more threads that want a core than it was given. Open MPI
-      // busy-polls while it waits; yielding the core between polls (what it does on its own when
-      // it knows it is oversubscribed) keeps the waiting thread from starving the computing one:
-      // bench_ddp_overlap --device-ms 1 here hid 77% of DataParallel's communication with it, 45%
-      // without it.
-      // Only a default: the launcher's or the user's setting (--mca, OMPI_MCA_*) wins.
-      setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
-      int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided_);
-      if (rc != MPI_SUCCESS) throw DistributedError("MPI_Init_thread failed (error code " + std::to_string(rc) + ")");
-      we_initialised_ = true;
-    } else {
-      MPI_Query_thread(&provided_);
-    }
-    if (provided_ < MPI_THREAD_SERIALIZED) {
-      throw DistributedError(
-          "MpiProcessGroup: the MPI library provides thread level " + std::to_string(provided_) +
-          " but needs at least MPI_THREAD_SERIALIZED (initialise MPI with MPI_Init_thread)");
-    }
-  }
-  int provided_ = MPI_THREAD_SINGLE;
-  bool we_initialised_ = false;
-  std::atomic<bool> poisoned_{false};
-  std::atomic<int> live_groups_{0};
-  std::mutex mu_;
-};
-
-// The default of MpiOptions::abort_on_timeout: EMBER_DIST_ABORT_ON_TIMEOUT (0 or 1) when set and
-// not empty, else on. Another value is a ValueError naming the variable.
-inline bool default_abort_on_timeout() {
-  const char* v = std::getenv("EMBER_DIST_ABORT_ON_TIMEOUT");
-  if (!v || !*v) return true;
-  const std::string s(v);
-  EMBER_CHECK(s == "0" || s == "1", ValueError, "EMBER_DIST_ABORT_ON_TIMEOUT='", s,
-              "' must be 0 or 1 (the default of MpiOptions::abort_on_timeout)");
-  return s == "1";
-}
-
-// Locks the runtime's mutex only when MPI is not MPI_THREAD_MULTIPLE.
-class MpiLock {
- public:
-  MpiLock() {
-    auto& rt = MpiRuntime::instance();
-    if (rt.serialized()) lock_ = std::unique_lock<std::mutex>(rt.mutex());
-  }
-
- private:
-  std::unique_lock<std::mutex> lock_;
-};
-
-inline std::string mpi_error_string(int code) {
-  char buf[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
-  return std::string(buf, static_cast<size_t>(len));
-}
-
-// The MPI datatype that carries a dtype's values in a reduction (16-bit floats: float32 temporary).
-inline MPI_Datatype mpi_reduce_type(DType t) {
-  switch (t) {
-    case DType::Float32: case DType::Float16: case DType::BFloat16: return MPI_FLOAT;
-    case DType::Float64: return MPI_DOUBLE;
-    case DType::Int32: return MPI_INT32_T;
-    case DType::Int64: return MPI_INT64_T;
-    case DType::UInt8: return MPI_UINT8_T;
-  }
-  return MPI_DATATYPE_NULL;
-}
-// The MPI datatype that moves a dtype's raw values (broadcast, all_gather).
-inline MPI_Datatype mpi_raw_type(DType t) {
-  if (t == DType::Float16 || t == DType::BFloat16) return MPI_UINT16_T;
-  return mpi_reduce_type(t);
-}
-inline bool is_16bit_float(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
-
-inline MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
-
-// 16-bit float values <-> float32 temporary.
-inline void widen_16(DType t, const void* src, float* dst, int64_t n) {
-  if (t == DType::Float16) {
-    auto* s = static_cast<const half*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
-  } else {
-    auto* s = static_cast<const bfloat16*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
-  }
-}
-inline void narrow_16(DType t, const float* src, void* dst, int64_t n) {
-  if (t == DType::Float16) {
-    auto* d = static_cast<half*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = half(src[i]);
-  } else {
-    auto* d = static_cast<bfloat16*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = bfloat16(src[i]);
-  }
-}
-
-// Divides n values of a reduction buffer (in its MPI reduce type) by `by`.
-inline void divide_in_place(DType t, void* p, int64_t n, int by) {
-  auto div = [&](auto* x) {
-    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<std::remove_reference_t<decltype(x[i])>>(x[i] / by);
-  };
-  switch (t) {
-    case DType::Float32: case DType::Float16: case DType::BFloat16: div(static_cast<float*>(p)); break;
-    case DType::Float64: div(static_cast<double*>(p)); break;
-    case DType::Int32: div(static_cast<int32_t*>(p)); break;
-    case DType::Int64: div(static_cast<int64_t*>(p)); break;
-    case DType::UInt8: div(static_cast<uint8_t*>(p)); break;
-  }
-}
-
-// One collective in flight: the buffers MPI reads and writes (kept alive until it completes), what
-// to do once it has (averaging, narrowing back to 16-bit floats), and its outcome. Exactly one
-// thread drives it: the group's communication thread, or (without one) the caller that waits.
-struct MpiPending {
-  enum Status : int { kPending, kDone, kFailed };
-
-  std::string what;
-  int rank = 0;
-  MPI_Request req = MPI_REQUEST_NULL;  // without a communication thread: the non-blocking request
-  std::vector<AnyTensor> keep;
-  std::deque<std::vector<float>> temps;  // a deque: references stay valid as it grows
-  std::function<void()> finish;
-  std::atomic<int> status{kPending};
-  std::string error;  // written before status becomes kFailed
-
-  void complete() {
-    if (finish) finish();
-    finish = nullptr;
-    keep.clear();
-    temps.clear();
-    status.store(kDone, std::memory_order_release);
-  }
-  void fail(int rc) { fail(::ember::detail::str_cat("MPI ", what, " on rank ", rank, " failed: ", mpi_error_string(rc))); }
-  void fail(std::string message) {
-    MpiRuntime::instance().poison();
-    error = std::move(message);
-    req = MPI_REQUEST_NULL;  // no longer usable: never test it again
-    keep.clear();
-    status.store(kFailed, std::memory_order_release);
-  }
-  // Without a communication thread: one MPI_Test (which also advances MPI) and its outcome.
-  bool test() {
-    int flag = 0;
-    int rc;
-    {
-      MpiLock lock;
-      rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-    }
-    if (rc != MPI_SUCCESS) {
-      fail(rc);
-    } else if (flag) {
-      complete();
-    }
-    return status.load(std::memory_order_acquire) != kPending;
-  }
-};
-
-// A group's communication thread: runs the group's collectives one after another, in the order
-// they were started, as blocking MPI calls (MPI_Allreduce, ...).
-//
-// Why: Open MPI advances a non-blocking collective only while some thread is inside an MPI call,
-// so an all_reduce started from a gradient hook would sit still until the caller waits for it at
-// the end of backward. A thread inside the blocking call moves it while the caller computes, and
-// the blocking algorithms (coll/tuned) are about twice as fast as the non-blocking ones (libnbc)
-// for MB-sized messages. Measured (benchmarks/bench_mpi_progress, plain MPI, 2 ranks, four 2 MB
-// all-reduces in a step whose compute is a sleep, as with an accelerator): 74-76% of the
-// all-reduce time hidden with this design, 19-21% with a thread polling non-blocking requests,
-// none with MPI_Test calls between compute chunks; DataParallel with bucket views: 77%
-// (bench_ddp_overlap). Where every core is busy computing, a thread cannot hide communication
-// that itself needs a core (shared-memory copies): 13% there (see docs/distributed.md).
-//
-// A blocking MPI call cannot be interrupted: if a peer vanishes the thread stays inside it. The
-// waiters give up at their deadline (ProcessGroupOptions::timeout) with DistributedError; the
-// thread is then detached, never joined, and MPI is not finalised.
-class MpiCommThread {
- public:
-  using Job = std::function<int()>;  // one blocking MPI call; returns its error code
-
-  explicit MpiCommThread(std::chrono::milliseconds drain_timeout)
-      : s_(std::make_shared<Shared>()), drain_timeout_(drain_timeout) {
-    thread_ = std::thread([s = s_] { run(*s); });
-  }
-  MpiCommThread(const MpiCommThread&) = delete;
-  MpiCommThread& operator=(const MpiCommThread&) = delete;
-
-  // Collectives still queued run first (the peers expect them), for at most drain_timeout; a thread
-  // that does not get through them (a lost peer) is left inside MPI, detached.
-  ~MpiCommThread() {
-    bool drained;
-    {
-      std::unique_lock<std::mutex> lk(s_->mu);
-      drained = !MpiRuntime::instance().poisoned() &&
-                s_->done.wait_for(lk, drain_timeout_, [&] { return s_->queue.empty() && !s_->busy; });
-      s_->stop = true;
-    }
-    s_->wake.notify_one();
-    if (drained) {
-      thread_.join();
-    } else {
-      MpiRuntime::instance().poison();
-      thread_.detach();  // it owns s_ (shared) and leaves when its call returns, if ever
-    }
-  }
-
-  void submit(std::shared_ptr<MpiPending> p, Job job) {
-    {
-      std::lock_guard<std::mutex> lk(s_->mu);
-      s_->queue.emplace_back(std::move(p), std::move(job));
-    }
-    s_->wake.notify_one();
-  }
-
-  // Blocks until p completed or failed (true) or the deadline passed (false).
-  bool wait_until(const MpiPending& p, std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock<std::mutex> lk(s_->mu);
-    return s_->done.wait_until(lk, deadline,
-                               [&] { return p.status.load(std::memory_order_acquire) != MpiPending::kPending; });
-  }
-
- private:
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable wake;  // the thread: new work or stop
-    std::condition_variable done;  // the waiters: a collective completed or failed
-    std::deque<std::pair<std::shared_ptr<MpiPending>, Job>> queue;
-    bool busy = false;
-    bool stop = false;
-  };
-
-  static void run(Shared& s) {
-    while (true) {
-      std::pair<std::shared_ptr<MpiPending>, Job> item;
-      {
-        std::unique_lock<std::mutex> lk(s.mu);
-        s.wake.wait(lk, [&] { return s.stop || !s.queue.empty(); });
-        if (s.queue.empty()) return;  // stop, nothing left
-        item = std::move(s.queue.front());
-        s.queue.pop_front();
-        s.busy = true;
-      }
-      auto& [p, job] = item;
-      if (MpiRuntime::instance().poisoned()) {
-        p->fail(::ember::detail::str_cat("MPI ", p->what, " on rank ", p->rank,
-                                         " not run: an earlier collective failed or timed out, MPI is unusable"));
-      } else if (const int rc = job(); rc == MPI_SUCCESS) {
-        p->complete();
-      } else {
-        p->fail(rc);
-      }
-      {
-        std::lock_guard<std::mutex> lk(s.mu);
-        s.busy = false;
-      }
-      s.done.notify_all();
-    }
-  }
-
-  std::shared_ptr<Shared> s_;
-  std::chrono::milliseconds drain_timeout_;
-  std::thread thread_;
-};
-
-}  // namespace detail
-
-// A pending MPI collective. With the group's communication thread (the default where MPI provides
-// MPI_THREAD_MULTIPLE) wait() sleeps until that thread has run it; without one, wait() drives the
-// non-blocking request with MPI_Test. Either way it gives up when ProcessGroupOptions::timeout has
-// passed since the wait began.
-class MpiWork : public Work {
- public:
-  MpiWork(std::string what, int rank, std::chrono::milliseconds timeout, std::shared_ptr<detail::MpiCommThread> comm,
-          bool abort_on_timeout = false)
-      : p_(std::make_shared<detail::MpiPending>()), timeout_(timeout), comm_(std::move(comm)),
-        abort_on_timeout_(abort_on_timeout) {
-    p_->what = std::move(what);
-    p_->rank = rank;
-  }
-  MpiWork(const MpiWork&) = delete;
-  MpiWork& operator=(const MpiWork&) = delete;
-
-  ~MpiWork() override {
-    if (started_ && !comm_ && p_->status.load() == detail::MpiPending::kPending) {
-      // Nobody drives this request any more and MPI forbids freeing a pending one: keep its
-      // buffers alive for good. (A communication thread runs its collectives to the end.)
-      detail::MpiRuntime::instance().poison();
-      new std::shared_ptr<detail::MpiPending>(p_);
-    }
-  }
-
-  bool is_completed() override {
-    int s = p_->status.load(std::memory_order_acquire);
-    if (s == detail::MpiPending::kPending && !comm_) {
-      p_->test();
-      s = p_->status.load(std::memory_order_acquire);
-    }
-    if (s == detail::MpiPending::kFailed) throw DistributedError(p_->error);
-    return s == detail::MpiPending::kDone;
-  }
-
-  void wait() override {
-    const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + timeout_;
-    if (comm_) {
-      comm_->wait_until(*p_, deadline);
-    } else {
-      const auto spin_until = start + std::chrono::milliseconds(200);
-      while (!p_->test()) {
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= deadline) break;
-        // Poll hard at first (MPI progresses inside MPI_Test), then back off to spare the CPU.
-        if (now < spin_until) {
-          std::this_thread::yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
-      }
-    }
-    const int s = p_->status.load(std::memory_order_acquire);
-    if (s == detail::MpiPending::kDone) return;
-    if (s == detail::MpiPending::kFailed) throw DistributedError(p_->error);
-    detail::MpiRuntime::instance().poison();
-    std::string message = ::ember::detail::str_cat(
-        "MPI ", p_->what, ": rank ", p_->rank, " timed out after ", timeout_.count(),
-        " ms waiting for the other ranks (ProcessGroupOptions::timeout); a peer failed, exited or "
-        "skipped this collective. The process group is unusable now.");
-    if (abort_on_timeout_) abort_job(message);
-    throw DistributedError(message);
-  }
-
-  // ---- set-up by MpiProcessGroup, before start() ----
-  void keep(const AnyTensor& t) { p_->keep.push_back(t); }
-  std::vector<float>& temp() { return p_->temps.emplace_back(); }  // stable reference
-  void on_complete(std::function<void()> f) { p_->finish = std::move(f); }
-  const std::string& what() const { return p_->what; }
-  // Starts the collective: `blocking` on the communication thread, or `nonblocking` (an MPI_I*
-  // call filling the request) here. Returns the MPI error code of an MPI_I* call (else success).
-  int start(std::function<int()> blocking, const std::function<int(MPI_Request*)>& nonblocking) {
-    if (comm_) {
-      comm_->submit(p_, std::move(blocking));
-      started_ = true;
-      return MPI_SUCCESS;
-    }
-    int rc;
-    {
-      detail::MpiLock lock;
-      rc = nonblocking(&p_->req);
-    }
-    started_ = rc == MPI_SUCCESS;
-    return rc;
-  }
-
- private:
-  std::shared_ptr<detail::MpiPending> p_;
-  std::chrono::milliseconds timeout_;
-  std::shared_ptr<detail::MpiCommThread> comm_;
-  bool abort_on_timeout_ = false;
-  bool started_ = false;
-
-  // MpiOptions::abort_on_timeout: say why on stderr (the launcher shows it), then end the job.
-  [[noreturn]] static void abort_job(const std::string& message) {
-    std::fprintf(stderr,
-                 "ember: DistributedError: %s\nember: aborting the MPI job with status %d "
-                 "(MpiOptions::abort_on_timeout; EMBER_DIST_ABORT_ON_TIMEOUT=0 to handle the error instead)\n",
-                 message.c_str(), kTimeoutAbortStatus);
-    std::fflush(stderr);
-    {
-      detail::MpiLock lock;  // serialised MPI: no other call of ours runs at the same time
-      MPI_Abort(MPI_COMM_WORLD, kTimeoutAbortStatus);
-    }
-    std::_Exit(kTimeoutAbortStatus);  // MPI_Abort does not return; should it, end this rank anyway
-  }
-};
 
 struct MpiOptions : ProcessGroupOptions {
   // Run the group's collectives on a communication thread of its own (detail::MpiCommThread) so
@@ -562,10 +155,8 @@ class MpiProcessGroup : public ProcessGroup {
     void* buf = t.data_ptr();
     float* tmp = nullptr;
     if (detail::is_16bit_float(dt)) {
-      auto& v = w->temp();
-      v.resize(static_cast<size_t>(n));
-      detail::widen_16(dt, buf, v.data(), n);
-      tmp = v.data();
+      tmp = w->temp(n);
+      detail::widen_16(dt, buf, tmp, n);
     }
     const int sz = size_;
     void* red = tmp ? static_cast<void*>(tmp) : buf;  // what MPI reduces
@@ -607,11 +198,7 @@ class MpiProcessGroup : public ProcessGroup {
                                              " into ", output.desc());
     check_tensor(output, "reduce_scatter");
     check_tensor(input, "reduce_scatter");
-    EMBER_CHECK(output.dtype() == input.dtype(), DTypeError, "MpiProcessGroup::reduce_scatter: output ",
-                output.desc(), " and input ", input.desc(), " differ in dtype");
-    EMBER_CHECK(input.numel() == output.numel() * size_, ShapeError, "MpiProcessGroup::reduce_scatter: input ",
-                input.desc(), " must have size() * output.numel() = ", size_, " * ", output.numel(),
-                " elements (output ", output.desc(), ")");
+    detail::check_whole_and_part("MpiProcessGroup::reduce_scatter", output, input, /*output_is_whole=*/false, size_);
     const int64_t n = output.numel();
     if (n == 0) return std::make_shared<CompletedWork>();
     const int count = checked_count(n, what);
@@ -625,13 +212,9 @@ class MpiProcessGroup : public ProcessGroup {
     float* tin = nullptr;
     float* tout = nullptr;
     if (detail::is_16bit_float(dt)) {
-      auto& vi = w->temp();
-      vi.resize(static_cast<size_t>(input.numel()));
-      detail::widen_16(dt, in, vi.data(), input.numel());
-      auto& vo = w->temp();
-      vo.resize(static_cast<size_t>(n));
-      tin = vi.data();
-      tout = vo.data();
+      tin = w->temp(input.numel());
+      detail::widen_16(dt, in, tin, input.numel());
+      tout = w->temp(n);
     }
     const int sz = size_;
     const void* src = tin ? static_cast<const void*>(tin) : in;
@@ -653,11 +236,7 @@ class MpiProcessGroup : public ProcessGroup {
     const std::string what = ::ember::detail::str_cat("all_gather of ", input.desc(), " into ", output.desc());
     check_tensor(output, "all_gather");
     check_tensor(input, "all_gather");
-    EMBER_CHECK(output.dtype() == input.dtype(), DTypeError, "MpiProcessGroup::all_gather: output ",
-                output.desc(), " and input ", input.desc(), " differ in dtype");
-    EMBER_CHECK(output.numel() == input.numel() * size_, ShapeError, "MpiProcessGroup::all_gather: output ",
-                output.desc(), " must have size() * input.numel() = ", size_, " * ", input.numel(),
-                " elements (input ", input.desc(), ")");
+    detail::check_whole_and_part("MpiProcessGroup::all_gather", output, input, /*output_is_whole=*/true, size_);
     const int64_t n = input.numel();
     if (n == 0) return std::make_shared<CompletedWork>();
     const int count = checked_count(n, what);
@@ -730,7 +309,7 @@ class MpiProcessGroup : public ProcessGroup {
 
   std::shared_ptr<MpiWork> make_work(std::string what) const {
     return std::make_shared<MpiWork>(std::move(what), rank_, options_.timeout, comm_thread_,
-                                     options_.abort_on_timeout);
+                                     options_.abort_on_timeout ? kTimeoutAbortStatus : 0);
   }
 
   MpiOptions options_;

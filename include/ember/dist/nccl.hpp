@@ -1,5 +1,5 @@
 #pragma once
-// dist::NcclProcessGroup: the ProcessGroup of CUDA tensors, over NCCL (DESIGN.md decision 9).
+// dist::NcclProcessGroup: the ProcessGroup of CUDA tensors, over NCCL.
 // Host code only: any C++20 compiler with the CUDA toolkit's include path (cuda_runtime.h, nccl.h)
 // compiles it; link CUDA::cudart and NCCL (ember::cuda_deps does both).
 //
@@ -48,16 +48,17 @@
 //       issue the collectives in a scope, then NcclWork::synchronize() each of them.
 // One group is driven by one thread at a time (collectives must be issued in the same order on
 // every rank anyway).
+//
+// The machinery behind the group lives in ember/dist/detail/: the communicator's state, deadline
+// checks, error polling and abort (nccl_comm_state.hpp), and one issued collective with the
+// NcclGroup scope's bookkeeping (nccl_work_state.hpp).
 #if __has_include(<nccl.h>) && __has_include(<cuda_runtime.h>)
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,8 @@
 #include "ember/backend/cuda/runtime.hpp"
 #include "ember/core/error.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/dist/detail/nccl_comm_state.hpp"
+#include "ember/dist/detail/nccl_work_state.hpp"
 #include "ember/dist/process_group.hpp"
 
 namespace ember::dist {
@@ -107,240 +110,6 @@ inline ncclRedOp_t nccl_reduce_op(ReduceOp op) {
   throw ValueError(::ember::detail::str_cat("nccl_reduce_op: unknown reduce op ", static_cast<int>(op)));
 }
 
-namespace detail {
-
-using Clock = std::chrono::steady_clock;
-
-inline void nccl_poll_pause(int& spins) {
-  if (++spins < 64) std::this_thread::yield();
-  else std::this_thread::sleep_for(std::chrono::microseconds(100));
-}
-
-struct NcclCommState;
-
-// A CUDA event, destroyed with its last owner.
-struct NcclEvent {
-  cudaEvent_t ev = nullptr;
-  NcclEvent() { EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)); }
-  NcclEvent(const NcclEvent&) = delete;
-  NcclEvent& operator=(const NcclEvent&) = delete;
-  ~NcclEvent() {
-    if (ev) (void)cudaEventDestroy(ev);
-  }
-};
-
-// A collective the communicator still tracks (no tensors, no back pointer: no ownership cycle).
-struct NcclPending {
-  std::shared_ptr<NcclEvent> done;
-  Clock::time_point start;
-  std::string what;
-};
-
-// One issued collective: its "done" event (recorded on the NCCL stream), its deadline, and the
-// tensors it reads and writes (kept alive until ember's stream is ordered after it).
-struct NcclWorkState {
-  std::shared_ptr<NcclCommState> comm;
-  std::string what;
-  std::shared_ptr<NcclEvent> done;
-  bool recorded = false;   // false while inside an NcclGroup scope
-  bool abandoned = false;  // the NcclWork was dropped before the event was recorded
-  Clock::time_point start;
-  std::vector<AnyTensor> keep;
-};
-
-// The communicator and the NCCL stream of one device, shared by its group and its Work handles.
-struct NcclCommState {
-  ncclComm_t comm = nullptr;
-  int rank = 0;
-  int size = 1;
-  int device = 0;
-  bool nonblocking = false;
-  ProcessGroupOptions options;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t ready = nullptr;
-  void* barrier_buf = nullptr;
-  std::mutex mu;
-  bool aborted = false;
-  std::string abort_reason;
-  std::deque<NcclPending> outstanding;
-  // The communicators created together by create_all: an abort aborts them all (a kernel of the
-  // others may wait for this one forever).
-  std::shared_ptr<std::vector<std::weak_ptr<NcclCommState>>> clique;
-
-  std::string where() const {
-    return ::ember::detail::str_cat("rank ", rank, "/", size, " on cuda:", device);
-  }
-
-  // Aborts the communicator (once); returns false if it already was.
-  bool abort_one(const std::string& reason) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (aborted) return false;
-    aborted = true;
-    abort_reason = reason;
-    if (comm) {
-      const int prev = cuda::internal::current_device_or_minus_one();
-      (void)cudaSetDevice(device);
-      (void)ncclCommAbort(comm);
-      if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
-    }
-    comm = nullptr;
-    return true;
-  }
-
-  [[noreturn]] void abort_and_throw(const std::string& reason) {
-    abort_one(reason);
-    if (clique) {
-      for (auto& w : *clique) {
-        if (auto other = w.lock(); other && other.get() != this) other->abort_one("a communicator of the same create_all set was aborted: " + reason);
-      }
-    }
-    throw DistributedError(::ember::detail::str_cat("NcclProcessGroup (", where(), "): ", reason,
-                                                    "; the communicator was aborted"));
-  }
-
-  void check_not_aborted(const char* what) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (aborted) {
-      throw DistributedError(::ember::detail::str_cat("NcclProcessGroup::", what, " (", where(),
-                                                      "): the communicator was aborted earlier: ", abort_reason));
-    }
-  }
-
-  // ncclSuccess, ncclInProgress, or the asynchronous error (an error aborts and throws).
-  ncclResult_t poll_async_error(const char* what) {
-    ncclResult_t r = ncclSuccess;
-    std::string last;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (aborted) {
-        throw DistributedError(::ember::detail::str_cat("NcclProcessGroup: ", what, " (", where(),
-                                                        "): the communicator was aborted earlier: ", abort_reason));
-      }
-      const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
-      if (q != ncclSuccess) r = q;
-      if (r != ncclSuccess && r != ncclInProgress) {
-        const char* l = ncclGetLastError(comm);
-        if (l) last = l;
-      }
-    }
-    if (r != ncclSuccess && r != ncclInProgress) {
-      abort_and_throw(::ember::detail::str_cat(what, ": asynchronous NCCL error ", static_cast<int>(r), " (",
-                                               ncclGetErrorString(r), ")", last.empty() ? std::string() : ": " + last));
-    }
-    return r;
-  }
-
-  // Non-blocking communicators: polls until the last call has finished (ncclInProgress cleared).
-  void wait_ready(Clock::time_point deadline, const char* what) {
-    int spins = 0;
-    while (poll_async_error(what) == ncclInProgress) {
-      if (Clock::now() > deadline) {
-        abort_and_throw(::ember::detail::str_cat(what, " did not finish within ", options.timeout.count(), " ms"));
-      }
-      nccl_poll_pause(spins);
-    }
-  }
-
-  // Retires the finished collectives; one past its deadline aborts the communicator.
-  void sweep(const char* what) {
-    poll_async_error(what);
-    std::string late;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      cuda::DeviceGuard guard(device);
-      while (!outstanding.empty()) {
-        NcclPending& w = outstanding.front();
-        const cudaError_t e = cudaEventQuery(w.done->ev);
-        if (e == cudaSuccess) {
-          outstanding.pop_front();
-          continue;
-        }
-        if (e != cudaErrorNotReady) cuda::internal::throw_cuda_error(e, "cudaEventQuery (NCCL collective)", __FILE__, __LINE__);
-        if (Clock::now() - w.start > options.timeout) {
-          late = ::ember::detail::str_cat(w.what, " did not finish within ", options.timeout.count(), " ms");
-        }
-        break;  // collectives finish in order on the NCCL stream
-      }
-    }
-    if (!late.empty()) abort_and_throw(late);
-  }
-
-  // Host wait for one event, until `deadline`.
-  void host_wait(cudaEvent_t ev, Clock::time_point deadline, const std::string& what,
-                 std::chrono::milliseconds timeout) {
-    int spins = 0;
-    for (;;) {
-      poll_async_error(what.c_str());
-      cudaError_t e;
-      {
-        cuda::DeviceGuard guard(device);
-        e = cudaEventQuery(ev);
-      }
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) cuda::internal::throw_cuda_error(e, "cudaEventQuery (NCCL collective)", __FILE__, __LINE__);
-      if (Clock::now() > deadline) {
-        abort_and_throw(::ember::detail::str_cat(what, " did not finish within ", timeout.count(), " ms"));
-      }
-      nccl_poll_pause(spins);
-    }
-  }
-
-  ~NcclCommState() {
-    try {
-      teardown();
-    } catch (...) {
-    }
-  }
-
-  void teardown() {
-    if (!aborted && comm != nullptr) {
-      cuda::DeviceGuard guard(device);
-      // Let the issued collectives finish (bounded), then destroy; abort what does not finish.
-      bool finished = false;
-      const auto deadline = Clock::now() + options.timeout;
-      int spins = 0;
-      for (;;) {
-        const cudaError_t e = cudaStreamQuery(stream);
-        if (e == cudaSuccess) { finished = true; break; }
-        if (e != cudaErrorNotReady || Clock::now() > deadline) break;
-        ncclResult_t r = ncclSuccess;
-        if (ncclCommGetAsyncError(comm, &r) != ncclSuccess || (r != ncclSuccess && r != ncclInProgress)) break;
-        nccl_poll_pause(spins);
-      }
-      if (finished && nonblocking) {
-        finished = false;
-        const ncclResult_t f = ncclCommFinalize(comm);
-        while (f == ncclSuccess || f == ncclInProgress) {
-          ncclResult_t r = ncclSuccess;
-          if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
-          if (r == ncclSuccess) { finished = true; break; }
-          if (r != ncclInProgress || Clock::now() > deadline) break;
-          nccl_poll_pause(spins);
-        }
-      }
-      if (finished) (void)ncclCommDestroy(comm);
-      else (void)ncclCommAbort(comm);
-      comm = nullptr;
-    }
-    cuda::DeviceGuard guard(device);
-    if (barrier_buf) (void)cudaFree(barrier_buf);
-    if (ready) (void)cudaEventDestroy(ready);
-    if (stream) (void)cudaStreamDestroy(stream);
-  }
-};
-
-// The collectives issued by this thread inside the current NcclGroup scope.
-struct NcclGroupScope {
-  int depth = 0;
-  std::vector<std::shared_ptr<NcclWorkState>> pending;
-};
-inline NcclGroupScope& nccl_group_scope() {
-  thread_local NcclGroupScope scope;
-  return scope;
-}
-
-}  // namespace detail
-
 // ncclGroupStart() for the current thread; end() (or the destructor) calls ncclGroupEnd() and
 // records the "done" events of the collectives issued inside. Scopes nest.
 class NcclGroup {
@@ -372,17 +141,11 @@ class NcclGroup {
     EMBER_NCCL_CHECK(r);
     if (scope.depth != 0) return;
     for (auto& w : works) {
-      detail::NcclCommState& c = *w->comm;
-      if (c.nonblocking) c.wait_ready(w->start + c.options.timeout, "ncclGroupEnd");
-      cuda::DeviceGuard guard(c.device);
-      EMBER_CUDA_CHECK(cudaEventRecord(w->done->ev, c.stream));
-      {
-        std::lock_guard<std::mutex> lock(c.mu);
-        w->recorded = true;
-        c.outstanding.push_back(detail::NcclPending{w->done, w->start, w->what});
-      }
-      if (w->abandoned) {
-        EMBER_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(c.device), w->done->ev, 0));
+      detail::record_done(*w, "ncclGroupEnd");
+      if (w->abandoned) {  // its NcclWork is gone: order ember's stream after it, as ~NcclWork does
+        const int device = w->comm->device;
+        cuda::DeviceGuard guard(device);
+        EMBER_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(device), w->done->ev, 0));
         w->keep.clear();
       }
     }
@@ -419,11 +182,7 @@ class NcclWork : public Work {
   bool is_completed() override {
     require_recorded("is_completed");
     s_->comm->poll_async_error(s_->what.c_str());
-    cuda::DeviceGuard guard(s_->comm->device);
-    const cudaError_t e = cudaEventQuery(s_->done->ev);
-    if (e == cudaSuccess) return true;
-    if (e != cudaErrorNotReady) cuda::internal::throw_cuda_error(e, "cudaEventQuery (NCCL collective)", __FILE__, __LINE__);
-    return false;
+    return s_->comm->event_done(s_->done->ev);
   }
 
   // Orders ember's stream after the collective (no host sync); with NcclOptions::blocking_wait
@@ -485,7 +244,7 @@ class NcclProcessGroup : public ProcessGroup {
                 " is not in [0, ", size, ")");
     cuda::internal::check_device_index(device, "NcclProcessGroup");
     auto st = std::make_shared<detail::NcclCommState>();
-    init_state(*st, rank, size, device, options);
+    st->open(rank, size, device, options);
     cuda::DeviceGuard guard(device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -521,7 +280,7 @@ class NcclProcessGroup : public ProcessGroup {
       }
     }
     const int n = static_cast<int>(devices.size());
-    grant_pool_access(devices);
+    detail::grant_pool_access(devices);
     std::vector<ncclComm_t> comms(devices.size(), nullptr);
     EMBER_NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
     auto clique = std::make_shared<std::vector<std::weak_ptr<detail::NcclCommState>>>();
@@ -534,7 +293,7 @@ class NcclProcessGroup : public ProcessGroup {
         comms[static_cast<size_t>(i)] = nullptr;
         st->clique = clique;
         states.push_back(st);
-        init_state(*st, i, n, devices[static_cast<size_t>(i)], options);
+        st->open(i, n, devices[static_cast<size_t>(i)], options);
         clique->push_back(st);
       }
     } catch (...) {
@@ -591,9 +350,7 @@ class NcclProcessGroup : public ProcessGroup {
                                              ReduceOp op = ReduceOp::Sum) override {
     check_tensor(output, "reduce_scatter (output)");
     check_tensor(input, "reduce_scatter (input)");
-    check_same_dtype(output, input, "reduce_scatter");
-    EMBER_CHECK(input.numel() == output.numel() * size(), ShapeError, "NcclProcessGroup::reduce_scatter: input ",
-                input.desc(), " must have size() (", size(), ") x output.numel() (", output.numel(), ") elements");
+    detail::check_whole_and_part("NcclProcessGroup::reduce_scatter", output, input, /*output_is_whole=*/false, size());
     const ncclDataType_t dt = cuda::nccl_dtype(output.dtype());
     const ncclRedOp_t rop = nccl_reduce_op(op);
     const void* in = input.data_ptr();
@@ -607,9 +364,7 @@ class NcclProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> all_gather_async(AnyTensor& output, const AnyTensor& input) override {
     check_tensor(output, "all_gather (output)");
     check_tensor(input, "all_gather (input)");
-    check_same_dtype(output, input, "all_gather");
-    EMBER_CHECK(output.numel() == input.numel() * size(), ShapeError, "NcclProcessGroup::all_gather: output ",
-                output.desc(), " must have size() (", size(), ") x input.numel() (", input.numel(), ") elements");
+    detail::check_whole_and_part("NcclProcessGroup::all_gather", output, input, /*output_is_whole=*/true, size());
     const ncclDataType_t dt = cuda::nccl_dtype(input.dtype());
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
@@ -647,72 +402,17 @@ class NcclProcessGroup : public ProcessGroup {
 
   // Aborts the communicator (and, for create_all, those of the other devices): pending
   // collectives stop, and every later call into the group throws DistributedError.
-  void abort(const std::string& reason = "aborted by the user") {
-    state_->abort_one(reason);
-    if (state_->clique) {
-      for (auto& w : *state_->clique) {
-        if (auto other = w.lock()) other->abort_one(reason);
-      }
-    }
-  }
+  void abort(const std::string& reason = "aborted by the user") { state_->abort_with_clique(reason, reason); }
 
  private:
   NcclProcessGroup(std::shared_ptr<detail::NcclCommState> state, NcclOptions options, bool single_process)
       : options_(options), state_(std::move(state)), single_process_(single_process) {}
-
-  static void init_state(detail::NcclCommState& st, int rank, int size, int device, const NcclOptions& options) {
-    check_nccl_version();
-    st.rank = rank;
-    st.size = size;
-    st.device = device;
-    st.options = options;
-    cuda::DeviceGuard guard(device);
-    (void)cuda::current_stream(device);  // create ember's stream now, not inside a collective
-    EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
-    EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&st.ready, cudaEventDisableTiming));
-    EMBER_CUDA_CHECK(cudaMalloc(&st.barrier_buf, sizeof(int32_t)));
-    EMBER_CUDA_CHECK(cudaMemsetAsync(st.barrier_buf, 0, sizeof(int32_t), st.stream));  // NCCL's stream: ordered
-  }
-
-  // ncclAvg and bfloat16 reductions, which the group uses, need NCCL 2.10 or newer at run time (the
-  // library loaded may be older than the headers compiled against, e.g. from a Python wheel).
-  static void check_nccl_version() {
-    const int v = cuda::nccl_runtime_version();  // 2.9 on: major*10000 + minor*100 + patch; before: *1000
-    EMBER_CHECK(v >= 21000, DistributedError, "NcclProcessGroup: the NCCL loaded at run time has version code ", v,
-                " (ncclGetVersion); ember needs NCCL 2.10 or newer (ncclAvg, bfloat16)");
-  }
-
-  // One process driving several GPUs: NCCL may read and write the other devices' buffers directly,
-  // and memory from a device's stream-ordered pool (ember's allocator) is visible to another
-  // device only after cudaMemPoolSetAccess (peer access alone does not cover pools).
-  static void grant_pool_access(const std::vector<int>& devices) {
-    if (devices.size() < 2) return;
-    for (int owner : devices) {
-      cudaMemPool_t pool = nullptr;
-      EMBER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, owner));
-      for (int peer : devices) {
-        if (peer == owner) continue;
-        int can = 0;
-        EMBER_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, peer, owner));
-        if (!can) continue;  // NCCL then goes through its own buffers
-        cudaMemAccessDesc access{};
-        access.location.type = cudaMemLocationTypeDevice;
-        access.location.id = peer;
-        access.flags = cudaMemAccessFlagsProtReadWrite;
-        EMBER_CUDA_CHECK(cudaMemPoolSetAccess(pool, &access, 1));
-      }
-    }
-  }
 
   void check_tensor(const AnyTensor& t, const char* what) const {
     EMBER_CHECK(t.defined(), ValueError, "NcclProcessGroup::", what, ": undefined tensor");
     EMBER_CHECK(t.device() == Device::cuda(state_->device), DeviceError, "NcclProcessGroup::", what, ": tensor ",
                 t.desc(), " is on ", t.device().str(), " but this group (", state_->where(), ") works on cuda:",
                 state_->device);
-  }
-  static void check_same_dtype(const AnyTensor& out, const AnyTensor& in, const char* what) {
-    EMBER_CHECK(out.dtype() == in.dtype(), DTypeError, "NcclProcessGroup::", what, ": output ", out.desc(),
-                " and input ", in.desc(), " differ in dtype");
   }
 
   template <class Call>
@@ -744,11 +444,7 @@ class NcclProcessGroup : public ProcessGroup {
     if (scope.depth > 0) {
       scope.pending.push_back(w);
     } else {
-      if (st.nonblocking) st.wait_ready(w->start + st.options.timeout, w->what.c_str());
-      EMBER_CUDA_CHECK(cudaEventRecord(w->done->ev, st.stream));
-      std::lock_guard<std::mutex> lock(st.mu);
-      w->recorded = true;
-      st.outstanding.push_back(detail::NcclPending{w->done, w->start, w->what});
+      detail::record_done(*w, w->what.c_str());
     }
     return std::make_shared<NcclWork>(std::move(w), options_.blocking_wait);
   }

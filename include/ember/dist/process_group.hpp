@@ -1,9 +1,9 @@
 #pragma once
 // dist::ProcessGroup: the collectives data parallelism needs, over a backend that moves the
-// tensors (DESIGN.md decision 9: NCCL for CUDA tensors, MPI for CPU tensors; no home-made
-// transport). Every rank calls the same collectives in the same order with tensors of the same
-// shape and dtype. Synchronous calls return when the result is in place; asynchronous ones
-// return a Work handle to wait on (GPU work is ordered on streams with events: no host sync).
+// tensors (NCCL for CUDA tensors, MPI for CPU tensors; no home-made transport). Every rank calls
+// the same collectives in the same order with tensors of the same shape and dtype. Synchronous
+// calls return when the result is in place; asynchronous ones return a Work handle to wait on
+// (GPU work is ordered on streams with events: no host sync).
 // Every wait has a deadline (ProcessGroupOptions::timeout): a peer that fails or vanishes
 // becomes an ember::DistributedError on the ranks that wait for it, never a silent hang.
 #include <algorithm>
@@ -93,6 +93,26 @@ class ProcessGroup {
   }
   void all_gather(AnyTensor& output, const AnyTensor& input) { all_gather_async(output, input)->wait(); }
 };
+
+namespace detail {
+
+// reduce_scatter and all_gather of a group of group_size ranks: output and input of one dtype, the
+// whole one (reduce_scatter's input, all_gather's output) with group_size times the elements of
+// the other. `call` names the collective in the error ("MpiProcessGroup::all_gather").
+inline void check_whole_and_part(const std::string& call, const AnyTensor& output, const AnyTensor& input,
+                                 bool output_is_whole, int group_size) {
+  EMBER_CHECK(output.dtype() == input.dtype(), DTypeError, call, ": output ", output.desc(), " and input ",
+              input.desc(), " differ in dtype");
+  const AnyTensor& whole = output_is_whole ? output : input;
+  const AnyTensor& part = output_is_whole ? input : output;
+  const char* whole_name = output_is_whole ? "output" : "input";
+  const char* part_name = output_is_whole ? "input" : "output";
+  EMBER_CHECK(whole.numel() == part.numel() * group_size, ShapeError, call, ": ", whole_name, " ", whole.desc(),
+              " must have size() * ", part_name, ".numel() = ", group_size, " * ", part.numel(), " elements (",
+              part_name, " ", part.desc(), ")");
+}
+
+}  // namespace detail
 
 // A Work that is already done (single-rank groups, empty tensors).
 class CompletedWork : public Work {

@@ -1,9 +1,9 @@
 #pragma once
 // dist::check_same_settings: at start-up, the ranks of a process group compare the settings ember
-// knows change numerics, and say so when they disagree (issue 14). Ranks that mpirun starts on
-// other hosts do not inherit the launching shell's environment: with another OPENBLAS_CORETYPE a
-// remote rank runs other BLAS kernels and the replicas' losses differ in the last digits, with
-// nothing to say why. DataParallel and ZeroRedundancyOptimizer call this at construction.
+// knows change numerics, and say so when they disagree. Ranks that mpirun starts on other hosts
+// do not inherit the launching shell's environment: with another OPENBLAS_CORETYPE a remote rank
+// runs other BLAS kernels and the replicas' losses differ in the last digits, with nothing to say
+// why. DataParallel and ZeroRedundancyOptimizer call this at construction.
 //
 //   dist::check_same_settings(group, "DataParallel");   // one all_gather of 4 KiB per rank
 //
