@@ -51,33 +51,59 @@ inline AnyTensor optional_weight(const char* op, const char* what, const AnyTens
   return w.to(cdt);
 }
 
-// The checks both losses share on input [C] or [N, C, ...] and its class-index target; returns the
-// target's expected shape, the input's shape without the class dimension.
-inline Shape class_target_shape(const char* op, const AnyTensor& input, const AnyTensor& target) {
+// A class-index loss's problem, after the checks both losses share: input [C] or [N, C, ...] with
+// C classes, a class-index target of the input's shape without the class dimension (tshape, M
+// elements), and the class weight [C] as the compute type cdt (undefined when not given).
+struct ClassProblem {
+  Shape tshape;
+  bool batched = false;
+  int64_t C = 0, M = 0;
+  AnyTensor weight;
+};
+inline ClassProblem class_problem(const char* op, const AnyTensor& input, const AnyTensor& target,
+                                  const AnyTensor& weight_in, DType cdt) {
   check_defined(op, target, "target");
   check_same_device(op, input, target);
   EMBER_CHECK(target.dtype() == DType::Int64 || target.dtype() == DType::Int32, DTypeError, op,
               ": target must hold class indices as int64 (or int32), got ", target.desc());
   EMBER_CHECK(input.dim() >= 1, ShapeError, op, ": input must be [C] or [N, C, ...], got ", input.desc());
-  const bool batched = input.dim() >= 2;
-  const int64_t C = input.shape()[batched ? 1 : 0];
-  EMBER_CHECK(C > 0, ShapeError, op, ": input ", input.desc(), " has no classes");
+  ClassProblem p;
+  p.batched = input.dim() >= 2;
+  p.C = input.shape()[p.batched ? 1 : 0];
+  EMBER_CHECK(p.C > 0, ShapeError, op, ": input ", input.desc(), " has no classes");
   std::vector<int64_t> ts = input.shape().vec();
-  ts.erase(ts.begin() + (batched ? 1 : 0));
-  const Shape tshape(ts);
-  EMBER_CHECK(target.shape() == tshape, ShapeError, op, ": target ", target.desc(), " does not match input ",
-              input.desc(), " (expected target shape ", tshape.str(), ")");
-  return tshape;
+  ts.erase(ts.begin() + (p.batched ? 1 : 0));
+  p.tshape = Shape(ts);
+  EMBER_CHECK(target.shape() == p.tshape, ShapeError, op, ": target ", target.desc(), " does not match input ",
+              input.desc(), " (expected target shape ", p.tshape.str(), ")");
+  p.M = p.tshape.numel();
+  p.weight = optional_weight(op, "weight", weight_in, input, cdt);
+  if (p.weight.defined())
+    EMBER_CHECK(p.weight.shape() == Shape{p.C}, ShapeError, op, ": weight ", weight_in.desc(), " must be [", p.C,
+                "] (one per class) for input ", input.desc());
+  return p;
 }
 
-// The class weight [C] as the compute type (undefined when not given).
-inline AnyTensor class_weight(const char* op, const AnyTensor& weight_in, const AnyTensor& input, DType cdt,
-                              int64_t C) {
-  AnyTensor weight = optional_weight(op, "weight", weight_in, input, cdt);
-  if (weight.defined())
-    EMBER_CHECK(weight.shape() == Shape{C}, ShapeError, op, ": weight ", weight_in.desc(), " must be [", C,
-                "] (one per class) for input ", input.desc());
-  return weight;
+// The target as int64 [M] (index), which of its elements are not ignored (valid), and index with
+// the ignored ones replaced by class 0 (safe). The others are checked to lie in [0, C), with one
+// host read (one device sync) of safe's min and max.
+struct ClassTargets {
+  AnyTensor index, valid, safe;
+};
+inline ClassTargets class_targets(const char* op, const AnyTensor& target, const AnyTensor& input,
+                                  const ClassProblem& p, int64_t ignore_index) {
+  const Device dev = target.device();
+  ClassTargets t;
+  t.index = target.detach().to(DType::Int64).reshape(Shape{p.M});
+  t.valid = ne(t.index, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
+  t.safe = where(t.valid, t.index, AnyTensor::zeros(Shape{}, DType::Int64, dev));
+  if (p.M > 0) {
+    auto mm = concat({min(t.safe).reshape(Shape{1}), max(t.safe).reshape(Shape{1})}).to_double_vector();
+    const int64_t lo = static_cast<int64_t>(mm[0]), hi = static_cast<int64_t>(mm[1]);
+    EMBER_CHECK(lo >= 0 && hi < p.C, IndexError, op, ": target ", lo < 0 ? lo : hi, " is out of bounds for ", p.C,
+                " classes (input ", input.desc(), ", ignore_index ", ignore_index, ")");
+  }
+  return t;
 }
 
 // x [C], [N, C] or [N, C, d1, ...] as [M, C]: the class dimension moved last (M = the target's
@@ -93,16 +119,6 @@ inline AnyTensor classes_last(const AnyTensor& x, bool batched, int64_t M, int64
     lp = permute(x, perm);
   }
   return lp.reshape(Shape{M, C});
-}
-
-// `safe` (int64 [M], the ignored targets replaced by 0) in [0, C), read in one host read (one
-// device sync) of its min and max.
-inline void check_class_bounds(const char* op, const AnyTensor& safe, const AnyTensor& input, int64_t C,
-                               int64_t ignore_index) {
-  auto mm = concat({min(safe).reshape(Shape{1}), max(safe).reshape(Shape{1})}).to_double_vector();
-  const int64_t lo = static_cast<int64_t>(mm[0]), hi = static_cast<int64_t>(mm[1]);
-  EMBER_CHECK(lo >= 0 && hi < C, IndexError, op, ": target ", lo < 0 ? lo : hi, " is out of bounds for ", C,
-              " classes (input ", input.desc(), ", ignore_index ", ignore_index, ")");
 }
 
 // sum(loss) / sum(weights), the weights being each element's target weight (0 where ignored).
@@ -137,31 +153,20 @@ inline AnyTensor reduce_loss(const AnyTensor& loss, const AnyTensor& weights, co
 // weights need a gradient. `input` is the caller's tensor, for messages.
 inline AnyTensor nll_composite(const char* op, const AnyTensor& logp, const AnyTensor& input, const AnyTensor& target,
                                const AnyTensor& weight_in, int64_t ignore_index, double eps, Reduction red) {
-  const Shape tshape = class_target_shape(op, input, target);
-  const bool batched = input.dim() >= 2;
-  const int64_t C = input.shape()[batched ? 1 : 0];
   const DType cdt = logp.dtype();
-  const Device dev = logp.device();
-  AnyTensor weight = class_weight(op, weight_in, input, cdt, C);
-  const int64_t M = tshape.numel();
-
-  AnyTensor lp = classes_last(logp, batched, M, C);  // [M, C]
-
-  // Valid (non-ignored) targets, and indices with the ignored ones replaced by 0 (a valid class).
-  AnyTensor tgt = target.detach().to(DType::Int64).reshape(Shape{M});
-  AnyTensor valid = ne(tgt, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
-  AnyTensor safe = where(valid, tgt, AnyTensor::zeros(Shape{}, DType::Int64, dev));
-  if (M > 0) check_class_bounds(op, safe, input, C, ignore_index);
-  AnyTensor validf = valid.to(cdt);
-  AnyTensor picked = gather(lp, 1, safe.reshape(Shape{M, 1})).reshape(Shape{M});
-  AnyTensor wi = weight.defined() ? mul(index_select(weight, 0, safe), validf) : validf;
+  const ClassProblem p = class_problem(op, input, target, weight_in, cdt);
+  const ClassTargets t = class_targets(op, target, input, p, ignore_index);
+  AnyTensor lp = classes_last(logp, p.batched, p.M, p.C);  // [M, C]
+  AnyTensor validf = t.valid.to(cdt);
+  AnyTensor picked = gather(lp, 1, t.safe.reshape(Shape{p.M, 1})).reshape(Shape{p.M});
+  AnyTensor wi = p.weight.defined() ? mul(index_select(p.weight, 0, t.safe), validf) : validf;
   AnyTensor loss = neg(mul(picked, wi));
   if (eps > 0.0) {
-    AnyTensor weighted = weight.defined() ? mul(lp, weight) : lp;
+    AnyTensor weighted = p.weight.defined() ? mul(lp, p.weight) : lp;
     AnyTensor smooth = mul(neg(sum(weighted, {1})), validf);
-    loss = add(mul(loss, 1.0 - eps), mul(smooth, eps / static_cast<double>(C)));
+    loss = add(mul(loss, 1.0 - eps), mul(smooth, eps / static_cast<double>(p.C)));
   }
-  return reduce_loss(loss, wi, tshape, red);
+  return reduce_loss(loss, wi, p.tshape, red);
 }
 
 // Cross-entropy of logits `x` (the compute type, input's layout) in one fused kernel per
@@ -170,24 +175,17 @@ inline AnyTensor nll_composite(const char* op, const AnyTensor& logp, const AnyT
 inline AnyTensor cross_entropy_fused(const AnyTensor& x, const AnyTensor& input, const AnyTensor& target,
                                      const AnyTensor& weight_in, int64_t ignore_index, double eps, Reduction red) {
   const char* op = "cross_entropy";
-  const Shape tshape = class_target_shape(op, input, target);
-  const bool batched = input.dim() >= 2;
-  const int64_t C = input.shape()[batched ? 1 : 0];
   const DType cdt = x.dtype();
   const Device dev = x.device();
-  AnyTensor weight = class_weight(op, weight_in, input, cdt, C);
-  if (weight.defined()) weight = weight.detach();
-  const int64_t M = tshape.numel();
-  AnyTensor lp = classes_last(x, batched, M, C);  // [M, C]
-  AnyTensor tgt = target.detach().to(DType::Int64).reshape(Shape{M});
-  if (M > 0) {
-    AnyTensor valid = ne(tgt, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
-    check_class_bounds(op, where(valid, tgt, AnyTensor::zeros(Shape{}, DType::Int64, dev)), input, C, ignore_index);
-  }
+  const ClassProblem p = class_problem(op, input, target, weight_in, cdt);
+  const AnyTensor weight = p.weight.defined() ? p.weight.detach() : p.weight;
+  const int64_t M = p.M;
+  const AnyTensor tgt = class_targets(op, target, input, p, ignore_index).index;
+  AnyTensor lp = classes_last(x, p.batched, M, p.C);  // [M, C]
   AnyTensor loss = AnyTensor::empty(Shape{M}, cdt, dev);
   AnyTensor wt = AnyTensor::empty(Shape{M}, cdt, dev);
   AnyTensor lse = AnyTensor::empty(Shape{M}, cdt == DType::Float64 ? DType::Float64 : DType::Float32, dev);
-  const CrossEntropyArgs a{cdt, M, C, ignore_index, eps};
+  const CrossEntropyArgs a{cdt, M, p.C, ignore_index, eps};
   auto ptr = [](const AnyTensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
   if (M > 0)
     lp.backend().cross_entropy_forward(a, lp.data_ptr(), static_cast<const int64_t*>(tgt.data_ptr()), ptr(weight),
@@ -203,7 +201,7 @@ inline AnyTensor cross_entropy_fused(const AnyTensor& x, const AnyTensor& input,
       return std::vector<AnyTensor>{gx};
     });
   }
-  return reduce_loss(loss, wt, tshape, red);
+  return reduce_loss(loss, wt, p.tshape, red);
 }
 
 }  // namespace detail

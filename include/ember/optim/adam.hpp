@@ -95,10 +95,7 @@ class AdamBase : public OptimizerBase<AdamBase, AdamOptions> {
       return;
     }
     // The composite (set_fused(false), or tensors the kernel does not take).
-    unscale_for_composite(grad);
-    AnyTensor param = value_as(p, sd);
-    AnyTensor g = value_as(grad, sd);
-    if (maximize) g = op::neg(g);
+    auto [param, g] = composite_inputs(p, grad, sd, maximize);
     if (weight_decay != 0.0) {
       if (decoupled_) {
         param = op::mul(param, 1.0 - lr * weight_decay);

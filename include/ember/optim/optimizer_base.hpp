@@ -112,6 +112,18 @@ class OptimizerBase : public Optimizer {
   // checked while the base is being constructed, before Derived exists.)
   void validate(const Hyperparams& h) const final { Derived::check(HyperparamCheck(name_, h)); }
 
+  // The start of an update's composite (set_fused(false), or tensors the fused kernel does not
+  // take): the gradient unscaled in place (unscale_for_composite), then the parameter and the
+  // gradient read as the state type sd, the gradient negated when maximizing.
+  std::pair<AnyTensor, AnyTensor> composite_inputs(const AnyTensor& p, const AnyTensor& grad, DType sd,
+                                                   bool maximize) const {
+    unscale_for_composite(grad);
+    AnyTensor param = detail::value_as(p, sd);
+    AnyTensor g = detail::value_as(grad, sd);
+    if (maximize) g = op::neg(g);
+    return {param, g};
+  }
+
   bool fused_ = true;
 
  private:

@@ -80,10 +80,7 @@ class RMSprop : public OptimizerBase<RMSprop, RMSpropOptions> {
       return;
     }
     // The composite (set_fused(false), or tensors the kernel does not take).
-    unscale_for_composite(grad);
-    const AnyTensor param = detail::value_as(p, sd);
-    AnyTensor g = detail::value_as(grad, sd);
-    if (maximize) g = op::neg(g);
+    auto [param, g] = composite_inputs(p, grad, sd, maximize);
     if (weight_decay != 0.0) g = op::add(g, op::mul(param, weight_decay));
     square_avg = op::add(op::mul(square_avg, alpha), op::mul(op::mul(g, 1.0 - alpha), g));
     AnyTensor avg;

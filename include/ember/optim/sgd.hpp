@@ -67,10 +67,7 @@ class SGD : public OptimizerBase<SGD, SGDOptions> {
       }
     }
     // The composite (set_fused(false), or tensors the kernel does not take).
-    unscale_for_composite(grad);
-    const AnyTensor param = detail::value_as(p, sd);
-    AnyTensor g = detail::value_as(grad, sd);
-    if (maximize) g = op::neg(g);
+    auto [param, g] = composite_inputs(p, grad, sd, maximize);
     if (weight_decay != 0.0) g = op::add(g, op::mul(param, weight_decay));
     if (momentum != 0.0) {
       ParamState& st = state_for(p);
