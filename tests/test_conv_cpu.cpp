@@ -1,10 +1,10 @@
 // The CPU convolution paths (oneDNN in both layouts when built in, im2col + GEMM, and the
-// dispatch between them), the threaded pooling kernels and
-// the fused CPU batch norm, against direct loops in double and against each other at 1 and 2
-// threads. Tolerances: fp32 paths within 2e-5 * (1 + sum of |terms|) of the double reference (the
-// bound of a float dot product of that many terms, with margin); fp64 im2col within 1e-12 of it.
-// Thread counts: pooling and batch norm give the same bits at 1 and 2 threads (their work splits
-// never change an element's arithmetic), and so does ember's own threading of im2col + GEMM (shown
+// dispatch between them) and the threaded pooling kernels, against direct loops in double and
+// against each other at 1 and 2 threads (the fused batch norm: tests/test_batch_norm.cpp).
+// Tolerances: fp32 paths within 2e-5 * (1 + sum of |terms|) of the double reference (the bound of
+// a float dot product of that many terms, with margin); fp64 im2col within 1e-12 of it.
+// Thread counts: pooling gives the same bits at 1 and 2 threads (its work splits never change an
+// element's arithmetic), and so does ember's own threading of im2col + GEMM (shown
 // with OpenBLAS held at 1 thread: OpenBLAS's threaded GEMM itself changes the last bits); oneDNN's
 // forward and backward-input keep the bits (both layouts), its backward-weight is held to the fp32
 // tolerance.
@@ -19,11 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include <ember/backend/cpu/batch_norm.hpp>
 #include <ember/backend/cpu/conv.hpp>
 #include <ember/backend/cpu/onednn.hpp>
 #include <ember/backend/cpu/pool.hpp>
-#include <ember/ops/batch_norm.hpp>
 
 #include "gradcheck.hpp"
 
@@ -468,129 +466,4 @@ TEST_CASE("CPU pooling: threaded kernels equal direct loops and give the same bi
       check_near(runs[0][3], ref_gavg, zero_x, 1e-6, "avg backward");
     }
   }
-}
-
-namespace {
-
-// BatchNorm2d's former composition (mean, subtract, square, mean, rsqrt, multiply, add), as the
-// reference of the fused op.
-template <class T>
-Tensor<T> batch_norm_composed(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, double eps) {
-  std::vector<int> dims{0};
-  for (int i = 2; i < x.dim(); ++i) dims.push_back(i);
-  std::vector<int64_t> cs(static_cast<size_t>(x.dim()), 1);
-  cs[1] = x.shape()[1];
-  Tensor<T> mu = mean(x, dims, true);
-  Tensor<T> d = x - mu;
-  Tensor<T> var = mean(square(d), dims, true);
-  Tensor<T> y = d * reciprocal(sqrt(var + eps));
-  if (w.defined()) y = y * w.reshape(Shape(cs)) + b.reshape(Shape(cs));
-  return y;
-}
-
-template <class T>
-std::vector<std::vector<double>> bn_run(bool fused, const Tensor<double>& x0, const Tensor<double>& w0,
-                                        const Tensor<double>& b0, const Tensor<double>& gy0) {
-  auto x = x0.to<T>().detach().set_requires_grad();
-  Tensor<T> w, b;
-  if (w0.defined()) {
-    w = w0.to<T>().detach().set_requires_grad();
-    b = b0.to<T>().detach().set_requires_grad();
-  }
-  Tensor<T> y = fused ? Tensor<T>(op::batch_norm_train(x, w, b, 1e-5).y) : batch_norm_composed(x, w, b, 1e-5);
-  y.backward(gy0.to<T>());
-  std::vector<std::vector<double>> r{y.template to<double>().to_vector(), x.grad().template to<double>().to_vector()};
-  if (w.defined()) {
-    r.push_back(w.grad().template to<double>().to_vector());
-    r.push_back(b.grad().template to<double>().to_vector());
-  }
-  return r;
-}
-
-}  // namespace
-
-TEST_CASE("fused CPU batch norm equals the composition: values and gradients, fp32 and fp64", "[conv_cpu][bn]") {
-  for (bool affine : {true, false}) {
-    for (const Shape& s : {Shape{4, 3, 5, 6}, Shape{7, 5}, Shape{2, 4, 9}}) {
-      SECTION(std::string(affine ? "affine " : "no affine ") + s.str()) {
-        auto x = Tensor<double>::randn(s) * 3.0 + 1.5;
-        auto gy = Tensor<double>::randn(s);
-        Tensor<double> w, b;
-        if (affine) {
-          w = Tensor<double>::randn({s[1]});
-          b = Tensor<double>::randn({s[1]});
-        }
-        auto ref = bn_run<double>(false, x, w, b, gy);
-        auto f64 = bn_run<double>(true, x, w, b, gy);
-        auto f32 = bn_run<float>(true, x, w, b, gy);
-        REQUIRE(ref.size() == f64.size());
-        for (size_t k = 0; k < ref.size(); ++k)
-          for (size_t i = 0; i < ref[k].size(); ++i) {
-            CHECK(f64[k][i] == Approx(ref[k][i]).margin(1e-10));
-            CHECK(f32[k][i] == Approx(ref[k][i]).margin(2e-5 * (k >= 2 ? static_cast<double>(s.numel()) : 1.0)));
-          }
-      }
-    }
-  }
-}
-
-TEST_CASE("fused CPU batch norm: finite-difference gradients in double", "[conv_cpu][bn][grad]") {
-  for (uint64_t seed : {1, 2}) {
-    CHECK_GRADIENTS([](const std::vector<AnyTensor>& in) { return op::batch_norm_train(in[0], in[1], in[2], 1e-5).y; },
-                    testing::random_inputs({{3, 4, 3, 5}, {4}, {4}}, seed));
-    CHECK_GRADIENTS([](const std::vector<AnyTensor>& in) { return op::batch_norm_train(in[0], {}, {}, 1e-3).y; },
-                    testing::random_inputs(std::vector<Shape>{Shape{6, 3}}, seed));
-  }
-}
-
-TEST_CASE("nn::BatchNorm2d on the CPU: fused in training (running stats as before), same bits at 1 and 2 threads",
-          "[conv_cpu][bn][threads]") {
-  ThreadsGuard guard;
-  // 64 x 32 x 28 x 28, the CNN's first batch norm: more channels and planes than one chunk.
-  auto x = Tensor<float>::randn({64, 32, 28, 28}) * 2.0f + 0.5f;
-  auto gy = Tensor<float>::randn({64, 32, 28, 28});
-  std::vector<std::vector<float>> runs[2];
-  for (int t : {1, 2}) {
-    set_num_threads(t);
-    manual_seed(3);
-    nn::BatchNorm2d bn(32);
-    {
-      NoGradGuard no_grad;
-      bn.weight.copy_(Tensor<float>::randn({32}));
-    }
-    auto xr = x.detach().set_requires_grad();
-    auto y = bn(xr);
-    y.backward(gy);
-    runs[t - 1] = {y.to_vector(), xr.grad().to_vector(), Tensor<float>(bn.weight.grad()).to_vector(),
-                   Tensor<float>(bn.bias.grad()).to_vector(), Tensor<float>(bn.running_mean).to_vector(),
-                   Tensor<float>(bn.running_var).to_vector()};
-  }
-  for (size_t k = 0; k < runs[0].size(); ++k) CHECK(runs[0][k] == runs[1][k]);
-  // Running statistics: momentum 0.1 from (0, 1), with the unbiased batch variance.
-  auto xd = x.to<double>();
-  auto mu = mean(xd, {0, 2, 3}).to_vector();
-  auto var = mean(square(xd - mean(xd, {0, 2, 3}, true)), {0, 2, 3}).to_vector();
-  const double m = 64.0 * 28 * 28;
-  for (size_t c = 0; c < 32; ++c) {
-    CHECK(runs[0][4][c] == Approx(0.1 * mu[c]).margin(1e-6));
-    CHECK(runs[0][5][c] == Approx(0.9 + 0.1 * var[c] * m / (m - 1)).epsilon(1e-5));
-  }
-}
-
-TEST_CASE("fused CPU batch norm refuses what it does not take, naming the op and tensors", "[conv_cpu][bn][errors]") {
-  auto h = Tensor<half>::ones({2, 3, 4});
-  CHECK_FALSE(op::batch_norm_fused_applies(h, {}, {}));
-  CHECK_THROWS_AS(op::batch_norm_train(h, {}, {}, 1e-5), ValueError);
-  CHECK_THROWS_WITH(op::batch_norm_train(h, {}, {}, 1e-5), Contains("batch_norm") && Contains("float16"));
-  auto x = Tensor<float>::ones({2, 3, 4});
-  auto w64 = Tensor<double>::ones({3});
-  CHECK_FALSE(op::batch_norm_fused_applies(x, w64, {}));
-  CHECK_THROWS_WITH(op::batch_norm_train(x, w64, {}, 1e-5), Contains("weight") && Contains("float64"));
-  auto wrong = Tensor<float>::ones({4});
-  CHECK_FALSE(op::batch_norm_fused_applies(x, wrong, {}));
-  CHECK(op::batch_norm_fused_applies(x, Tensor<float>::ones({3}), Tensor<float>::zeros({3})));
-  // nn::BatchNorm1d with fp16 input keeps the composition (no error) and computes in fp32 inside.
-  nn::BatchNorm1d bn(3);
-  auto y = bn(Tensor<float>::randn({4, 3}).to<half>());
-  CHECK(y.dtype() == DType::Float16);
 }

@@ -396,6 +396,44 @@ TEST_CASE("losses on float16/bfloat16 inputs compute in fp32 and return fp32", "
   CHECK_THROWS_AS(F::mse_loss(xh, Tensor<double>::zeros({6, 5})), DTypeError);
 }
 
+TEST_CASE("op::cross_entropy and op::nll_loss are what the functional forms compute, bit for bit",
+          "[nn][loss][op]") {
+  auto x = Tensor<float>::randn({5, 4, 3}, Device::cpu(), 0.0, 2.0);
+  auto yv = random_targets(15, 4, 11, 0.3, 1);
+  auto y = Tensor<int64_t>::from_vector(yv, {5, 3});
+  auto w = Tensor<float>::from_vector({1.0f, 0.5f, 2.0f, 3.0f}, {4});
+  const std::pair<std::string, op::Reduction> reductions[] = {
+      {"mean", op::Reduction::Mean}, {"sum", op::Reduction::Sum}, {"none", op::Reduction::None}};
+  // Two leaves per run (the same values), so that the functional and the op forms each have their
+  // own gradients. The class weight with a gradient takes the composite, without one the kernel.
+  for (bool weight_grad : {false, true}) {
+    for (const auto& [name, red] : reductions) {
+      INFO("reduction " << name << (weight_grad ? ", weight requires grad" : ""));
+      auto xf = x.detach().clone().set_requires_grad(), xo = x.detach().clone().set_requires_grad();
+      auto wf = w.detach().clone().set_requires_grad(weight_grad), wo = w.detach().clone().set_requires_grad(weight_grad);
+      auto lf = F::cross_entropy(xf, y, {.weight = wf, .ignore_index = 1, .label_smoothing = 0.1, .reduction = name});
+      Tensor<float> lo = cross_entropy(xo, y, wo, 1, 0.1, red);  // the typed form of op::cross_entropy
+      CHECK(lf.to_vector() == lo.to_vector());
+      op::sum(lf).backward();
+      op::sum(lo).backward();
+      CHECK(Tensor<float>(xf.grad()).to_vector() == Tensor<float>(xo.grad()).to_vector());
+      if (weight_grad) CHECK(Tensor<float>(wf.grad()).to_vector() == Tensor<float>(wo.grad()).to_vector());
+      auto lp = log_softmax(x, 1);
+      CHECK(F::nll_loss(lp, y, {.weight = w, .ignore_index = 1, .reduction = name}).to_vector() ==
+            Tensor<float>(op::nll_loss(lp, y, w, 1, red)).to_vector());
+    }
+  }
+  // fp16 logits: computed and returned in fp32, as the functional form.
+  auto xh = x.to<half>();
+  static_assert(std::is_same_v<decltype(cross_entropy(xh, y)), Tensor<float>>);
+  CHECK(op::cross_entropy(xh, y).dtype() == DType::Float32);
+  CHECK(cross_entropy(xh, y).item() == F::cross_entropy(xh, y).item());
+  CHECK(op::nll_loss(xh, y).dtype() == DType::Float32);
+  // The untyped forms check what the typed ones cannot: a floating, defined input.
+  CHECK_THROWS_AS(op::cross_entropy(Tensor<int64_t>::zeros({5, 4}), Tensor<int64_t>::zeros({5})), DTypeError);
+  CHECK_THROWS_WITH(op::nll_loss(AnyTensor(), Tensor<int64_t>::zeros({5})), Contains("nll_loss") && Contains("undefined"));
+}
+
 TEST_CASE("loss errors name the op and the problem", "[nn][loss][errors]") {
   auto x = Tensor<float>::randn({4, 5});
   auto y = Tensor<int64_t>::from_vector({0, 1, 2, 3}, {4});

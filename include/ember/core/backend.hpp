@@ -137,7 +137,19 @@ struct NormArgs {
   bool rms = false;
 };
 
-// Cross-entropy from logits (nn/loss.hpp): x [rows, classes] (class dimension last, contiguous),
+// Batch normalisation with batch statistics (ops/batch_norm.hpp, what nn::BatchNorm1d/2d compute
+// in training): x and y [n, c, s] contiguous (s = the product of the spatial dimensions; 1 for
+// [N, C]); weight and bias [c] or null (no affine); mean, var (biased) and invstd = 1 / sqrt(var +
+// eps) [c]; all of x's dtype. Forward writes y, mean, var and invstd; backward writes (overwrites)
+// gx = d/dx, gw = sum(gy * xhat) and gb = sum(gy) per channel, each when non-null, with xhat
+// recomputed from x, mean and invstd.
+struct BatchNormArgs {
+  DType dtype = DType::Float32;
+  int64_t n = 0, c = 0, s = 0;
+  double eps = 1e-5;
+};
+
+// Cross-entropy from logits (ops/loss.hpp): x [rows, classes] (class dimension last, contiguous),
 // target int64 [rows], optional class weights w [classes] of x's dtype. Forward writes, per row,
 // loss (x's dtype: -(1-eps) w[y] logp[y] - (eps/C) sum_c w[c] logp[c], 0 where y == ignore_index),
 // the weight of the row's target wt (0 where ignored; for the mean's divisor) and the row's
@@ -150,17 +162,6 @@ struct CrossEntropyArgs {
   double label_smoothing = 0.0;
 };
 
-// Scaled dot-product attention (ops/attention.hpp) over bh independent heads (batch x heads), all
-// contiguous: q [bh, L, D], k [bh, S, D], v [bh, S, Dv], out [bh, L, Dv]; float32 or float64.
-//   scores[b, i, j] = scale * q[b, i] . k[b, j] + mask(b, i, j), -inf where causal and j > i
-//   out[b, i] = sum_j softmax_j(scores[b, i]) v[b, j]
-// The optional additive mask (q's dtype) has element (b, i, j) at
-// mask[(b / mask_group) * mask_batch_stride + i * S + j] (mask_batch_stride 0: one [L, S] mask for
-// every head; mask_group = heads: one mask per batch element shared by its heads). Forward writes
-// out and lse [bh, L], each row's log-sum-exp of the scores in the statistics type (double for
-// float64, else float); no [L, S] matrix is kept. A row with every score -inf gets NaN (as
-// softmax). Backward recomputes the probabilities from lse and writes (overwrites) gq, gk, gv;
-// delta [bh, L] (statistics type) is its workspace: delta[b, i] = gout[b, i] . out[b, i].
 // One Adam / AdamW step over the n elements of one parameter (optim/adam.hpp): the parameter
 // (param_dtype: float32, float64, float16 or bfloat16) and its gradient (grad_dtype, any floating
 // type) are read as the state type S (float32; float64 for float64 parameters: state_dtype);
@@ -208,6 +209,17 @@ struct RmspropStepArgs {
   double grad_unscale = 1.0;  // as AdamStepArgs::grad_unscale
 };
 
+// Scaled dot-product attention (ops/attention.hpp) over bh independent heads (batch x heads), all
+// contiguous: q [bh, L, D], k [bh, S, D], v [bh, S, Dv], out [bh, L, Dv]; float32 or float64.
+//   scores[b, i, j] = scale * q[b, i] . k[b, j] + mask(b, i, j), -inf where causal and j > i
+//   out[b, i] = sum_j softmax_j(scores[b, i]) v[b, j]
+// The optional additive mask (q's dtype) has element (b, i, j) at
+// mask[(b / mask_group) * mask_batch_stride + i * S + j] (mask_batch_stride 0: one [L, S] mask for
+// every head; mask_group = heads: one mask per batch element shared by its heads). Forward writes
+// out and lse [bh, L], each row's log-sum-exp of the scores in the statistics type (double for
+// float64, else float); no [L, S] matrix is kept. A row with every score -inf gets NaN (as
+// softmax). Backward recomputes the probabilities from lse and writes (overwrites) gq, gk, gv;
+// delta [bh, L] (statistics type) is its workspace: delta[b, i] = gout[b, i] . out[b, i].
 struct AttentionArgs {
   DType dtype = DType::Float32;
   int64_t bh = 0, L = 0, S = 0, D = 0, Dv = 0;
@@ -295,6 +307,32 @@ class Backend {
                             void* rstd) = 0;
   virtual void norm_backward(const NormArgs& a, const void* x, const void* w, const void* mean, const void* rstd,
                              const void* gy, void* gx, void* gw, void* gb) = 0;
+
+  // Fused batch normalisation with batch statistics (BatchNormArgs), an entry that a backend may
+  // lack. The other fused entries are pure: each backend runs them, falling back inside itself to
+  // a composite of its own primitives where it must (linear_act, backend/composite.hpp). Batch
+  // norm's fallback is not a kernel but nn::BatchNorm's composition of differentiable ops (mean,
+  // subtract, square, mean, rsqrt, multiply, add), each with its own kernel and autograd record,
+  // so the choice is made above the table and the table has to answer a question first:
+  // runs_batch_norm(a) says whether this backend runs problem `a` (its dtype and sizes). The
+  // default says no, and the two kernels' defaults raise a DeviceError naming the op, the dtype
+  // and the device, so a backend without the kernel (CUDA) needs no code for it, the op asks
+  // before it calls (ops/batch_norm.hpp batch_norm_fused_applies) and nn::BatchNorm keeps the
+  // composition where the answer is no. A backend that adds the kernel overrides all three.
+  virtual bool runs_batch_norm(const BatchNormArgs& a) const {
+    (void)a;
+    return false;
+  }
+  virtual void batch_norm_forward(const BatchNormArgs& a, const void* x, const void* w, const void* b, void* y,
+                                  void* mean, void* var, void* invstd) {
+    (void)x, (void)w, (void)b, (void)y, (void)mean, (void)var, (void)invstd;
+    no_batch_norm_kernel("batch_norm_forward", a);
+  }
+  virtual void batch_norm_backward(const BatchNormArgs& a, const void* x, const void* w, const void* mean,
+                                   const void* invstd, const void* gy, void* gx, void* gw, void* gb) {
+    (void)x, (void)w, (void)mean, (void)invstd, (void)gy, (void)gx, (void)gw, (void)gb;
+    no_batch_norm_kernel("batch_norm_backward", a);
+  }
 
   // Fused cross-entropy (CrossEntropyArgs). Backward: gx = gloss[i] * d loss_i / d x (overwrites).
   virtual void cross_entropy_forward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
@@ -387,6 +425,14 @@ class Backend {
   virtual double timing_event_elapsed_ms(uint64_t /*start*/, uint64_t /*end*/) { return -1.0; }
   // Returns every event recorded so far to the pool (their ids become invalid).
   virtual void timing_events_release() {}
+
+ protected:
+  // What an optional entry's default does when called anyway (its query said no).
+  [[noreturn]] void no_batch_norm_kernel(const char* entry, const BatchNormArgs& a) const {
+    throw DeviceError(detail::str_cat(entry, ": the ", device().str(), " backend has no fused batch norm kernel (",
+                                      dtype_name(a.dtype), " input [", a.n, ", ", a.c, ", ", a.s,
+                                      "]): runs_batch_norm() is false for it, and nn::BatchNorm uses the composition there"));
+  }
 };
 
 }  // namespace ember

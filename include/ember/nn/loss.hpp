@@ -1,15 +1,18 @@
 #pragma once
-// Loss functions with PyTorch's semantics, defaults and numerics, composed from ember's
-// differentiable ops (so they run on every device and their gradients come from autograd).
+// Loss functions with PyTorch's semantics, defaults and numerics, built on ember's differentiable
+// ops (so they run on every device and their gradients come from autograd).
 //
 //   functional:  mse_loss, l1_loss, smooth_l1_loss, cross_entropy, nll_loss,
 //                binary_cross_entropy_with_logits          (namespace ember::nn::functional)
 //   modules:     MSELoss, L1Loss, SmoothL1Loss, CrossEntropyLoss, NLLLoss, BCEWithLogitsLoss
 //
+// cross_entropy and nll_loss are the ops op::cross_entropy and op::nll_loss (ops/loss.hpp: the
+// checks, the fused kernel, the formula) with PyTorch's options struct and reduction string.
+//
 // Precision: a loss computes in the input's compute type -- fp32 for float16/bfloat16 inputs
 // (they are cast up first), the input type otherwise -- and returns that type. So
 // `cross_entropy(Tensor<half>, ...)` returns a `Tensor<float>`; the mixed-precision path relies on
-// this (DESIGN.md decision 5).
+// this.
 //
 // Reductions are "mean" (default), "sum" or "none". Class-index losses take int64 (or int32)
 // targets; an index outside [0, C) that is not ignore_index raises an IndexError naming the op
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "ember/nn/module.hpp"
+#include "ember/ops/loss.hpp"
 
 namespace ember::nn {
 
@@ -45,7 +49,7 @@ struct BCEWithLogitsOptions {
 };
 
 namespace detail {
-enum class Reduction { None, Mean, Sum };
+using Reduction = op::Reduction;
 
 inline Reduction parse_reduction(const char* op, const std::string& r) {
   if (r == "mean") return Reduction::Mean;
@@ -107,174 +111,6 @@ inline AnyTensor broadcast_target(const char* op, int which, const AnyTensor& in
   return target.to(cdt);
 }
 
-// An optional floating tensor (class weights, pos_weight) on the input's device, as the compute type.
-inline AnyTensor optional_weight(const char* op, const char* what, const AnyTensor& w, const AnyTensor& input,
-                                 DType cdt) {
-  if (!w.defined()) return w;
-  EMBER_CHECK(is_floating(w.dtype()), DTypeError, op, ": ", what, " must be floating point, got ", w.desc());
-  op::detail::check_same_device(op, input, w);
-  return w.to(cdt);
-}
-
-// Negative log-likelihood of class indices, shared by nll_loss and cross_entropy (which passes
-// log_softmax of its logits). `logp` is [N, C, d1, ...] or [C] in the compute type; `input` is the
-// caller's tensor (for messages). Implements PyTorch's formula exactly:
-//   loss_i = (1 - eps) * (-w[y_i] logp[i, y_i]) + (eps / C) * (-sum_c w[c] logp[i, c]),
-//   0 where y_i == ignore_index; "mean" divides the sum by sum_i w[y_i] over non-ignored i.
-// x [C], [N, C] or [N, C, d1, ...] as [M, C]: the class dimension moved last (M = the target's
-// element count), as nll_loss and the fused cross_entropy take it.
-inline AnyTensor classes_last(const AnyTensor& x, bool batched, int64_t M, int64_t C) {
-  AnyTensor lp = x;
-  if (!batched) {
-    lp = lp.reshape(Shape{1, C});
-  } else if (x.dim() > 2) {
-    std::vector<int> perm{0};
-    for (int i = 2; i < x.dim(); ++i) perm.push_back(i);
-    perm.push_back(1);
-    lp = op::permute(x, perm);
-  }
-  return lp.reshape(Shape{M, C});
-}
-
-inline AnyTensor nll_core(const char* op, const AnyTensor& logp, const AnyTensor& input, const AnyTensor& target,
-                          const AnyTensor& weight_in, int64_t ignore_index, double eps, Reduction red) {
-  op::detail::check_defined(op, target, "target");
-  op::detail::check_same_device(op, input, target);
-  EMBER_CHECK(target.dtype() == DType::Int64 || target.dtype() == DType::Int32, DTypeError, op,
-              ": target must hold class indices as int64 (or int32), got ", target.desc());
-  EMBER_CHECK(input.dim() >= 1, ShapeError, op, ": input must be [C] or [N, C, ...], got ", input.desc());
-  const bool batched = input.dim() >= 2;
-  const int64_t C = input.shape()[batched ? 1 : 0];
-  EMBER_CHECK(C > 0, ShapeError, op, ": input ", input.desc(), " has no classes");
-  // Expected target shape: the input's shape without the class dimension.
-  std::vector<int64_t> ts = input.shape().vec();
-  ts.erase(ts.begin() + (batched ? 1 : 0));
-  const Shape tshape(ts);
-  EMBER_CHECK(target.shape() == tshape, ShapeError, op, ": target ", target.desc(), " does not match input ",
-              input.desc(), " (expected target shape ", tshape.str(), ")");
-  AnyTensor weight = optional_weight(op, "weight", weight_in, input, logp.dtype());
-  if (weight.defined())
-    EMBER_CHECK(weight.shape() == Shape{C}, ShapeError, op, ": weight ", weight_in.desc(), " must be [", C,
-                "] (one per class) for input ", input.desc());
-  const DType cdt = logp.dtype();
-  const Device dev = logp.device();
-  const int64_t M = tshape.numel();
-
-  AnyTensor lp = classes_last(logp, batched, M, C);  // [M, C]
-
-  // Valid (non-ignored) targets, and indices with the ignored ones replaced by 0 (a valid class).
-  AnyTensor tgt = target.detach().to(DType::Int64).reshape(Shape{M});
-  AnyTensor valid = op::ne(tgt, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
-  AnyTensor safe = op::where(valid, tgt, AnyTensor::zeros(Shape{}, DType::Int64, dev));
-  if (M > 0) {
-    // min and max in one host read (one device sync).
-    auto mm = op::concat({op::min(safe).reshape(Shape{1}), op::max(safe).reshape(Shape{1})}).to_double_vector();
-    const int64_t lo = static_cast<int64_t>(mm[0]), hi = static_cast<int64_t>(mm[1]);
-    EMBER_CHECK(lo >= 0 && hi < C, IndexError, op, ": target ", lo < 0 ? lo : hi, " is out of bounds for ", C,
-                " classes (input ", input.desc(), ", ignore_index ", ignore_index, ")");
-  }
-  AnyTensor validf = valid.to(cdt);
-  AnyTensor picked = op::gather(lp, 1, safe.reshape(Shape{M, 1})).reshape(Shape{M});
-  AnyTensor wi = weight.defined() ? op::mul(op::index_select(weight, 0, safe), validf) : validf;
-  AnyTensor loss = op::neg(op::mul(picked, wi));
-  if (eps > 0.0) {
-    AnyTensor weighted = weight.defined() ? op::mul(lp, weight) : lp;
-    AnyTensor smooth = op::mul(op::neg(op::sum(weighted, {1})), validf);
-    loss = op::add(op::mul(loss, 1.0 - eps), op::mul(smooth, eps / static_cast<double>(C)));
-  }
-  switch (red) {
-    case Reduction::None: return loss.reshape(tshape);
-    case Reduction::Sum: return op::sum(loss);
-    case Reduction::Mean: {
-      // sum / total weight. With every target ignored the total is 0: the loss is 0/0 = NaN as in
-      // PyTorch, but so would be every gradient (d/dloss of loss/0), where PyTorch's are 0, and a
-      // padding-only micro-batch would poison the parameters. So divide by the total where it is
-      // non-zero (by 1 elsewhere: the loss terms are all 0 there) and add a constant NaN (no
-      // gradient) where it is zero. No host read: it stays on the device.
-      AnyTensor total = op::sum(wi);
-      AnyTensor zero = AnyTensor::zeros(Shape{}, cdt, dev);
-      AnyTensor is_zero = op::eq(total, zero);
-      AnyTensor safe_total = op::where(is_zero, AnyTensor::full(Shape{}, 1.0, cdt, dev), total);
-      AnyTensor mean = op::div(op::sum(loss), safe_total);
-      AnyTensor nan_if_empty = op::where(is_zero.detach(), AnyTensor::full(Shape{}, std::nan(""), cdt, dev), zero);
-      return op::add(mean, nan_if_empty);
-    }
-  }
-  return loss;
-}
-// Cross-entropy of logits `x` (compute type, [N, C, d1, ...] or [C]) in one fused kernel per
-// direction (Backend::cross_entropy_forward/backward): the log-sum-exp and the picked and smoothed
-// terms per row, without the [M, C] log-probabilities of nll_core. Same checks, formula, mean's
-// divisor and all-ignored NaN as nll_core. The class weights get no gradient here (the caller uses
-// nll_core when they require one).
-inline AnyTensor cross_entropy_fused(const AnyTensor& x, const AnyTensor& input, const AnyTensor& target,
-                                     const AnyTensor& weight_in, int64_t ignore_index, double eps, Reduction red) {
-  const char* op = "cross_entropy";
-  op::detail::check_defined(op, target, "target");
-  op::detail::check_same_device(op, input, target);
-  EMBER_CHECK(target.dtype() == DType::Int64 || target.dtype() == DType::Int32, DTypeError, op,
-              ": target must hold class indices as int64 (or int32), got ", target.desc());
-  const bool batched = input.dim() >= 2;
-  const int64_t C = input.shape()[batched ? 1 : 0];
-  EMBER_CHECK(C > 0, ShapeError, op, ": input ", input.desc(), " has no classes");
-  std::vector<int64_t> ts = input.shape().vec();
-  ts.erase(ts.begin() + (batched ? 1 : 0));
-  const Shape tshape(ts);
-  EMBER_CHECK(target.shape() == tshape, ShapeError, op, ": target ", target.desc(), " does not match input ",
-              input.desc(), " (expected target shape ", tshape.str(), ")");
-  const DType cdt = x.dtype();
-  const Device dev = x.device();
-  AnyTensor weight = optional_weight(op, "weight", weight_in, input, cdt);
-  if (weight.defined()) {
-    EMBER_CHECK(weight.shape() == Shape{C}, ShapeError, op, ": weight ", weight_in.desc(), " must be [", C,
-                "] (one per class) for input ", input.desc());
-    weight = weight.detach();
-  }
-  const int64_t M = tshape.numel();
-  AnyTensor lp = classes_last(x, batched, M, C);  // [M, C]
-  AnyTensor tgt = target.detach().to(DType::Int64).reshape(Shape{M});
-  if (M > 0) {  // bounds of the non-ignored targets, in one host read
-    AnyTensor valid = op::ne(tgt, AnyTensor::full(Shape{}, static_cast<double>(ignore_index), DType::Int64, dev));
-    AnyTensor safe = op::where(valid, tgt, AnyTensor::zeros(Shape{}, DType::Int64, dev));
-    auto mm = op::concat({op::min(safe).reshape(Shape{1}), op::max(safe).reshape(Shape{1})}).to_double_vector();
-    const int64_t lo = static_cast<int64_t>(mm[0]), hi = static_cast<int64_t>(mm[1]);
-    EMBER_CHECK(lo >= 0 && hi < C, IndexError, op, ": target ", lo < 0 ? lo : hi, " is out of bounds for ", C,
-                " classes (input ", input.desc(), ", ignore_index ", ignore_index, ")");
-  }
-  AnyTensor loss = AnyTensor::empty(Shape{M}, cdt, dev);
-  AnyTensor wt = AnyTensor::empty(Shape{M}, cdt, dev);
-  AnyTensor lse = AnyTensor::empty(Shape{M}, cdt == DType::Float64 ? DType::Float64 : DType::Float32, dev);
-  const CrossEntropyArgs a{cdt, M, C, ignore_index, eps};
-  auto ptr = [](const AnyTensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
-  if (M > 0)
-    lp.backend().cross_entropy_forward(a, lp.data_ptr(), static_cast<const int64_t*>(tgt.data_ptr()), ptr(weight),
-                                       loss.data_ptr(), lse.data_ptr(), wt.data_ptr());
-  if (autograd::any_requires_grad({lp})) {
-    AnyTensor sx = lp.detach();
-    autograd::record("cross_entropy", {lp}, {loss}, [sx, tgt, weight, lse, a](const std::vector<AnyTensor>& g) {
-      AnyTensor gx = AnyTensor::empty(sx.shape(), sx.dtype(), sx.device());
-      if (a.rows > 0)
-        sx.backend().cross_entropy_backward(a, sx.data_ptr(), static_cast<const int64_t*>(tgt.data_ptr()),
-                                            weight.defined() ? weight.data_ptr() : nullptr, lse.data_ptr(),
-                                            g[0].data_ptr(), gx.data_ptr());
-      return std::vector<AnyTensor>{gx};
-    });
-  }
-  switch (red) {
-    case Reduction::None: return loss.reshape(tshape);
-    case Reduction::Sum: return op::sum(loss);
-    case Reduction::Mean: {  // as nll_core: sum / total weight, NaN (no gradient) when every target is ignored
-      AnyTensor total = op::sum(wt);
-      AnyTensor zero = AnyTensor::zeros(Shape{}, cdt, dev);
-      AnyTensor is_zero = op::eq(total, zero);
-      AnyTensor safe_total = op::where(is_zero, AnyTensor::full(Shape{}, 1.0, cdt, dev), total);
-      AnyTensor mean = op::div(op::sum(loss), safe_total);
-      AnyTensor nan_if_empty = op::where(is_zero, AnyTensor::full(Shape{}, std::nan(""), cdt, dev), zero);
-      return op::add(mean, nan_if_empty);
-    }
-  }
-  return loss;
-}
 }  // namespace detail
 
 namespace functional {
@@ -331,9 +167,7 @@ template <Element T>
   requires std::is_floating_point_v<compute_t<T>>
 Tensor<compute_t<T>> nll_loss(const Tensor<T>& input, const AnyTensor& target, const NLLLossOptions& opt = {}) {
   auto red = detail::parse_reduction("nll_loss", opt.reduction);
-  op::detail::check_defined("nll_loss", input);
-  AnyTensor lp = detail::to_compute(input);
-  return Tensor<compute_t<T>>(detail::nll_core("nll_loss", lp, input, target, opt.weight, opt.ignore_index, 0.0, red));
+  return Tensor<compute_t<T>>(op::nll_loss(input, target, opt.weight, opt.ignore_index, red));
 }
 
 // Cross entropy of logits [N, C, d1, ...] (or [C]) against class indices [N, d1, ...] (or 0-d):
@@ -344,18 +178,8 @@ template <Element T>
 Tensor<compute_t<T>> cross_entropy(const Tensor<T>& input, const AnyTensor& target,
                                    const CrossEntropyOptions& opt = {}) {
   auto red = detail::parse_reduction("cross_entropy", opt.reduction);
-  EMBER_CHECK(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0, ValueError,
-              "cross_entropy: label_smoothing must be in [0, 1], got ", opt.label_smoothing);
-  op::detail::check_defined("cross_entropy", input);
-  EMBER_CHECK(input.dim() >= 1, ShapeError, "cross_entropy: input must be [C] or [N, C, ...], got ", input.desc());
-  AnyTensor x = detail::to_compute(input);
-  // The fused kernel, unless the class weights themselves need a gradient.
-  if (!(opt.weight.defined() && opt.weight.requires_grad()))
-    return Tensor<compute_t<T>>(detail::cross_entropy_fused(x, input, target, opt.weight, opt.ignore_index,
-                                                            opt.label_smoothing, red));
-  AnyTensor lp = op::log_softmax(x, input.dim() >= 2 ? 1 : 0);
-  return Tensor<compute_t<T>>(detail::nll_core("cross_entropy", lp, input, target, opt.weight, opt.ignore_index,
-                                               opt.label_smoothing, red));
+  return Tensor<compute_t<T>>(
+      op::cross_entropy(input, target, opt.weight, opt.ignore_index, opt.label_smoothing, red));
 }
 
 // Binary cross entropy on logits, in the stable form (no sigmoid, no log of a probability):
@@ -371,8 +195,8 @@ Tensor<compute_t<T>> binary_cross_entropy_with_logits(const Tensor<T>& input, co
   AnyTensor x = detail::to_compute(input);
   const DType cdt = x.dtype();
   AnyTensor y = detail::float_target(name, input, target, cdt);
-  AnyTensor w = detail::optional_weight(name, "weight", opt.weight, input, cdt);
-  AnyTensor pw = detail::optional_weight(name, "pos_weight", opt.pos_weight, input, cdt);
+  AnyTensor w = op::detail::optional_weight(name, "weight", opt.weight, input, cdt);
+  AnyTensor pw = op::detail::optional_weight(name, "pos_weight", opt.pos_weight, input, cdt);
   for (const AnyTensor* t : {&w, &pw})
     if (t->defined()) {
       const char* what = t == &w ? " (weight)" : " (pos_weight)";

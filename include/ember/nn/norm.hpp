@@ -1,6 +1,7 @@
 #pragma once
-// Normalisation layers with PyTorch's parameter and buffer names, defaults and formulas, composed
-// from ember's differentiable ops:
+// Normalisation layers with PyTorch's parameter and buffer names, defaults and formulas, built on
+// ember's ops (the fused op::layer_norm, op::rms_norm and op::batch_norm_train where they take the
+// tensors, a composition of differentiable ops elsewhere):
 //   nn::LayerNorm    weight (ones), bias (zeros) over the trailing normalized_shape
 //   nn::BatchNorm1d  [N, C] or [N, C, L]
 //   nn::BatchNorm2d  [N, C, H, W]
@@ -226,7 +227,7 @@ class BatchNormBase : public ModuleBase<Derived> {
       const int64_t n = x.numel() / num_features_;
       EMBER_CHECK(!this->is_training() || n > 1, ValueError, name_,
                   ": expected more than 1 value per channel when training, got input ", x.desc());
-      if (op::batch_norm_fused_applies(x, weight, bias)) {  // fp32/fp64 on the CPU: one fused op
+      if (op::batch_norm_fused_applies(x, weight, bias)) {  // one fused op where the backend has it (CPU fp32/fp64)
         op::BatchNormOutput r = op::batch_norm_train(x, weight, bias, opt_.eps);
         if (this->is_training() && opt_.track_running_stats) update_running_stats(r.mean, r.var, n);
         return Tensor<T>(r.y);

@@ -15,7 +15,7 @@
 //   denom = sqrt(v) / sqrt(bias_correction2) + eps
 //   p = p - (lr / bias_correction1) * exp_avg / denom
 // State: "step" (float32 CPU scalar), "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad.
-#include "ember/optim/optimizer.hpp"
+#include "ember/optim/optimizer_base.hpp"
 
 namespace ember::optim {
 
@@ -31,121 +31,90 @@ struct AdamOptions {
 
 namespace detail {
 // Adam and AdamW share everything but the default weight decay and how it is applied.
-class AdamBase : public Optimizer {
- public:
-  void add_param_group(std::vector<AnyTensor> params, const AdamOptions& options = {}) {
-    add_group(std::move(params), resolve(defaults_, options));
-  }
-
-  void step() override {
-    trace::PhaseScope phase(trace::Phase::Optimizer);  // the profiler's optimizer phase
-    NoGradGuard no_grad;
-    for (ParamGroup& group : groups_) {
-      const Hyperparams& h = group.options;
-      const double lr = h.at("lr"), beta1 = h.at("beta1"), beta2 = h.at("beta2"), eps = h.at("eps"),
-                   weight_decay = h.at("weight_decay");
-      const bool amsgrad = flag(h, "amsgrad"), maximize = flag(h, "maximize");
-      for (AnyTensor& p : group.params) {
-        const AnyTensor grad = grad_of(p);
-        if (!grad.defined()) continue;
-        const DType sd = state_dtype(p.dtype());
-        ParamState& st = state_for(p);
-        if (st.empty()) {
-          st.emplace_back("step", new_step_tensor());
-          st.emplace_back("exp_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
-          st.emplace_back("exp_avg_sq", AnyTensor::zeros(p.shape(), sd, p.device()));
-        }
-        AnyTensor* max_sq = find_state(st, "max_exp_avg_sq");
-        if (amsgrad && max_sq == nullptr) {
-          st.emplace_back("max_exp_avg_sq", AnyTensor::zeros(p.shape(), sd, p.device()));
-          max_sq = &st.back().second;
-        }
-        AnyTensor& exp_avg = *find_state(st, "exp_avg");
-        AnyTensor& exp_avg_sq = *find_state(st, "exp_avg_sq");
-        const double step = increment_step(*find_state(st, "step"));
-        const double bias_correction1 = 1.0 - std::pow(beta1, step);
-        const double bias_correction2 = 1.0 - std::pow(beta2, step);
-        const double step_size = lr / bias_correction1;
-        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-
-        if (fused_ && fused_step_applies(p, grad, {&exp_avg, &exp_avg_sq, amsgrad ? max_sq : nullptr})) {
-          // One pass over p, grad and the moments (Backend::adam_step), the composite's operations
-          // in its order: the same values (bitwise on the CPU without FMA contraction).
-          const AdamStepArgs a{p.dtype(), grad.dtype(), sd,        p.numel(), lr,
-                               beta1,     beta2,        eps,       weight_decay, decoupled_,
-                               amsgrad,   maximize,     step_size, bias_correction2_sqrt, grad_unscale_};
-          if (a.n > 0)
-            p.backend().adam_step(a, p.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
-                                  amsgrad ? max_sq->data_ptr() : nullptr);
-          continue;
-        }
-        // The composite (set_fused(false), or tensors the kernel does not take).
-        unscale_for_composite(grad);
-        AnyTensor param = value_as(p, sd);
-        AnyTensor g = value_as(grad, sd);
-        if (maximize) g = op::neg(g);
-        if (weight_decay != 0.0) {
-          if (decoupled_) {
-            param = op::mul(param, 1.0 - lr * weight_decay);
-          } else {
-            g = op::add(g, op::mul(param, weight_decay));
-          }
-        }
-        exp_avg = lerp(exp_avg, g, 1.0 - beta1);
-        exp_avg_sq = op::add(op::mul(exp_avg_sq, beta2), op::mul(op::mul(g, 1.0 - beta2), g));
-        AnyTensor v = exp_avg_sq;
-        if (amsgrad) {
-          *max_sq = op::maximum(*max_sq, exp_avg_sq);
-          v = *max_sq;
-        }
-        AnyTensor denom = op::add(op::div(op::sqrt(v), bias_correction2_sqrt), eps);
-        p.copy_(op::add(param, op::div(op::mul(exp_avg, -step_size), denom)));
-      }
-    }
-  }
-
-  // The fused step (default on): one kernel per parameter instead of ~15 elementwise ops.
-  // set_fused(false) takes the composite, the reference the kernel is tested against.
-  void set_fused(bool on) { fused_ = on; }
-  bool fused() const { return fused_; }
-  // The GradScaler's unscale runs inside the fused kernel (Optimizer::step_unscaling).
-  bool fuses_grad_unscale() const override { return fused_; }
-
+class AdamBase : public OptimizerBase<AdamBase, AdamOptions> {
  protected:
   AdamBase(const char* name, std::vector<AnyTensor> params, const AdamOptions& options, double default_wd,
            bool decoupled)
-      : Optimizer(name, resolve(torch_defaults(default_wd), options)), decoupled_(decoupled) {
-    EMBER_CHECK(!params.empty(), ValueError, name, ": optimizer got an empty parameter list");
-    add_group(std::move(params), defaults_);
-  }
+      : OptimizerBase(name, std::move(params), options, torch_defaults(default_wd)), decoupled_(decoupled) {}
 
+  // torch's defaults with this weight decay (Adam's 0, AdamW's 1e-2).
   static Hyperparams torch_defaults(double weight_decay) {
-    return {{"lr", 1e-3},     {"beta1", 0.9},   {"beta2", 0.999}, {"eps", 1e-8},
-            {"weight_decay", weight_decay},     {"amsgrad", 0.0}, {"maximize", 0.0}};
-  }
-
-  void validate(const Hyperparams& h) const override {
-    check_nonneg(h, "lr", "learning rate");
-    check_nonneg(h, "eps", "epsilon value");
-    check_unit(h, "beta1", "beta parameter at index 0:");
-    check_unit(h, "beta2", "beta parameter at index 1:");
-    check_nonneg(h, "weight_decay", "weight_decay value");
-  }
-
- private:
-  static Hyperparams resolve(Hyperparams h, const AdamOptions& o) {
-    put(h, "lr", o.lr);
-    put(h, "beta1", o.beta1);
-    put(h, "beta2", o.beta2);
-    put(h, "eps", o.eps);
-    put(h, "weight_decay", o.weight_decay);
-    put(h, "amsgrad", o.amsgrad);
-    put(h, "maximize", o.maximize);
+    Hyperparams h = OptimizerBase::torch_defaults();
+    h.set("weight_decay", weight_decay);
     return h;
   }
 
+ private:
+  friend OptimizerBase;
+  static constexpr OptionField<AdamOptions> kOptionFields[] = {
+      {"lr", &AdamOptions::lr, 1e-3},                    {"beta1", &AdamOptions::beta1, 0.9},
+      {"beta2", &AdamOptions::beta2, 0.999},             {"eps", &AdamOptions::eps, 1e-8},
+      {"weight_decay", &AdamOptions::weight_decay, 0.0}, {"amsgrad", &AdamOptions::amsgrad, false},
+      {"maximize", &AdamOptions::maximize, false}};
+
+  static void check(const HyperparamCheck& c) {
+    c.nonneg("lr", "learning rate");
+    c.nonneg("eps", "epsilon value");
+    c.unit("beta1", "beta parameter at index 0:");
+    c.unit("beta2", "beta parameter at index 1:");
+    c.nonneg("weight_decay", "weight_decay value");
+  }
+
+  void update(const AdamOptions& o, AnyTensor& p, const AnyTensor& grad) {
+    const double lr = *o.lr, beta1 = *o.beta1, beta2 = *o.beta2, eps = *o.eps, weight_decay = *o.weight_decay;
+    const bool amsgrad = *o.amsgrad, maximize = *o.maximize;
+    const DType sd = state_dtype(p.dtype());
+    ParamState& st = state_for(p);
+    if (st.empty()) {
+      st.emplace_back("step", new_step_tensor());
+      st.emplace_back("exp_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
+      st.emplace_back("exp_avg_sq", AnyTensor::zeros(p.shape(), sd, p.device()));
+    }
+    AnyTensor* max_sq = find_state(st, "max_exp_avg_sq");
+    if (amsgrad && max_sq == nullptr) {
+      st.emplace_back("max_exp_avg_sq", AnyTensor::zeros(p.shape(), sd, p.device()));
+      max_sq = &st.back().second;
+    }
+    AnyTensor& exp_avg = *find_state(st, "exp_avg");
+    AnyTensor& exp_avg_sq = *find_state(st, "exp_avg_sq");
+    const double step = increment_step(*find_state(st, "step"));
+    const double bias_correction1 = 1.0 - std::pow(beta1, step);
+    const double bias_correction2 = 1.0 - std::pow(beta2, step);
+    const double step_size = lr / bias_correction1;
+    const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+
+    if (fused_ && fused_step_applies(p, grad, {&exp_avg, &exp_avg_sq, amsgrad ? max_sq : nullptr})) {
+      // One pass over p, grad and the moments (Backend::adam_step), the composite's operations
+      // in its order: the same values (bitwise on the CPU without FMA contraction).
+      const AdamStepArgs a{p.dtype(), grad.dtype(), sd,        p.numel(), lr,
+                           beta1,     beta2,        eps,       weight_decay, decoupled_,
+                           amsgrad,   maximize,     step_size, bias_correction2_sqrt, grad_unscale_};
+      if (a.n > 0)
+        p.backend().adam_step(a, p.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+                              amsgrad ? max_sq->data_ptr() : nullptr);
+      return;
+    }
+    // The composite (set_fused(false), or tensors the kernel does not take).
+    auto [param, g] = composite_inputs(p, grad, sd, maximize);
+    if (weight_decay != 0.0) {
+      if (decoupled_) {
+        param = op::mul(param, 1.0 - lr * weight_decay);
+      } else {
+        g = op::add(g, op::mul(param, weight_decay));
+      }
+    }
+    exp_avg = lerp(exp_avg, g, 1.0 - beta1);
+    exp_avg_sq = op::add(op::mul(exp_avg_sq, beta2), op::mul(op::mul(g, 1.0 - beta2), g));
+    AnyTensor v = exp_avg_sq;
+    if (amsgrad) {
+      *max_sq = op::maximum(*max_sq, exp_avg_sq);
+      v = *max_sq;
+    }
+    AnyTensor denom = op::add(op::div(op::sqrt(v), bias_correction2_sqrt), eps);
+    p.copy_(op::add(param, op::div(op::mul(exp_avg, -step_size), denom)));
+  }
+
   bool decoupled_;
-  bool fused_ = true;
 };
 }  // namespace detail
 

@@ -2,6 +2,7 @@
 // Optimizers (SGD, Adam, AdamW, RMSprop), gradient clipping and learning-rate schedulers, with
 // torch.optim's semantics and defaults. See docs/api.md "Optimizers and schedulers".
 #include "ember/optim/optimizer.hpp"
+#include "ember/optim/optimizer_base.hpp"
 #include "ember/optim/sgd.hpp"
 #include "ember/optim/adam.hpp"
 #include "ember/optim/rmsprop.hpp"

@@ -7,7 +7,8 @@
 //   scheduler or the user sets `opt.param_groups()[i]["lr"] = 0.01` as in Python.
 // - The constructor's options are the optimizer's defaults; add_param_group(params, options)
 //   overrides only the fields that are set (the options structs hold std::optional fields), as a
-//   torch param_group dict overrides only the keys it names.
+//   torch param_group dict overrides only the keys it names (OptimizerBase, optim/optimizer_base.hpp,
+//   does this for SGD, Adam, AdamW and RMSprop).
 // - step() updates parameters in place (p.copy_, so every handle sees it) under NoGradGuard and
 //   skips parameters whose gradient is undefined (no state is created for them).
 // - State per parameter is a list of named tensors ("step", "exp_avg", "momentum_buffer", ...), in
@@ -356,24 +357,6 @@ class Optimizer {
       if (k != "step" && v.device() != p.device()) v = v.to(p.device());
     return st;
   }
-
-  // Resolves an options struct against the defaults: `set` fields override.
-  template <class T>
-  static void put(Hyperparams& h, const char* name, const std::optional<T>& v) {
-    if (v.has_value()) h.set(name, static_cast<double>(*v));
-  }
-
-  [[noreturn]] void invalid(const std::string& what) const { throw ValueError(name_ + ": " + what); }
-  void check_nonneg(const Hyperparams& h, const char* key, const char* label) const {
-    double v = h.at(key);
-    if (!(v >= 0.0)) invalid(str_cat("invalid ", label, " ", key, "=", v, " (must be >= 0)"));
-  }
-  void check_unit(const Hyperparams& h, const char* key, const char* label) const {
-    double v = h.at(key);
-    if (!(v >= 0.0 && v < 1.0)) invalid(str_cat("invalid ", label, " ", key, "=", v, " (must be in [0, 1))"));
-  }
-  static bool flag(const Hyperparams& h, const char* key) { return h.at(key) != 0.0; }
-  static std::string str_cat(auto&&... parts) { return ::ember::detail::str_cat(parts...); }
 
   std::string name_;
   Hyperparams defaults_;

@@ -14,7 +14,7 @@
 // "grad_avg" (centered). A buffer is created when first needed, so turning momentum on later (a
 // OneCycleLR cycling it) works. The step runs as one fused kernel per parameter
 // (Backend::rmsprop_step) unless set_fused(false).
-#include "ember/optim/optimizer.hpp"
+#include "ember/optim/optimizer_base.hpp"
 
 namespace ember::optim {
 
@@ -28,117 +28,78 @@ struct RMSpropOptions {
   std::optional<bool> maximize;        // false
 };
 
-class RMSprop : public Optimizer {
+class RMSprop : public OptimizerBase<RMSprop, RMSpropOptions> {
  public:
   explicit RMSprop(std::vector<AnyTensor> params, const RMSpropOptions& options = {})
-      : Optimizer("RMSprop", resolve(torch_defaults(), options)) {
-    EMBER_CHECK(!params.empty(), ValueError, "RMSprop: optimizer got an empty parameter list");
-    add_group(std::move(params), defaults_);
-  }
-
-  void add_param_group(std::vector<AnyTensor> params, const RMSpropOptions& options = {}) {
-    add_group(std::move(params), resolve(defaults_, options));
-  }
-
-  void step() override {
-    trace::PhaseScope phase(trace::Phase::Optimizer);  // the profiler's optimizer phase
-    NoGradGuard no_grad;
-    for (ParamGroup& group : groups_) {
-      const Hyperparams& h = group.options;
-      const double lr = h.at("lr"), alpha = h.at("alpha"), eps = h.at("eps"), weight_decay = h.at("weight_decay"),
-                   momentum = h.at("momentum");
-      const bool centered = flag(h, "centered"), maximize = flag(h, "maximize");
-      for (AnyTensor& p : group.params) {
-        const AnyTensor grad = grad_of(p);
-        if (!grad.defined()) continue;
-        const DType sd = detail::state_dtype(p.dtype());
-        ParamState& st = state_for(p);
-        if (st.empty()) {
-          st.emplace_back("step", detail::new_step_tensor());
-          st.emplace_back("square_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
-        }
-        // Buffers, in torch's order; also created later if momentum or centered is switched on.
-        if (momentum > 0.0 && !find_state(st, "momentum_buffer"))
-          st.emplace_back("momentum_buffer", AnyTensor::zeros(p.shape(), sd, p.device()));
-        if (centered && !find_state(st, "grad_avg"))
-          st.emplace_back("grad_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
-        detail::increment_step(*find_state(st, "step"));
-        AnyTensor& square_avg = *find_state(st, "square_avg");
-
-        AnyTensor* grad_avg_state = centered ? find_state(st, "grad_avg") : nullptr;
-        AnyTensor* buf_state = momentum > 0.0 ? find_state(st, "momentum_buffer") : nullptr;
-        if (fused_ && detail::fused_step_applies(p, grad, {&square_avg, grad_avg_state, buf_state})) {
-          // One pass over p, grad and the buffers (Backend::rmsprop_step), the composite's
-          // operations in its order: the same values (bitwise on the CPU without FMA contraction).
-          const RmspropStepArgs a{p.dtype(), grad.dtype(), sd,       p.numel(), lr, alpha, eps, weight_decay,
-                                  momentum,  centered,     maximize, grad_unscale_};
-          if (a.n > 0)
-            p.backend().rmsprop_step(a, p.data_ptr(), grad.data_ptr(), square_avg.data_ptr(),
-                                     grad_avg_state ? grad_avg_state->data_ptr() : nullptr,
-                                     buf_state ? buf_state->data_ptr() : nullptr);
-          continue;
-        }
-        // The composite (set_fused(false), or tensors the kernel does not take).
-        unscale_for_composite(grad);
-        const AnyTensor param = detail::value_as(p, sd);
-        AnyTensor g = detail::value_as(grad, sd);
-        if (maximize) g = op::neg(g);
-        if (weight_decay != 0.0) g = op::add(g, op::mul(param, weight_decay));
-        square_avg = op::add(op::mul(square_avg, alpha), op::mul(op::mul(g, 1.0 - alpha), g));
-        AnyTensor avg;
-        if (centered) {
-          AnyTensor& grad_avg = *find_state(st, "grad_avg");
-          grad_avg = detail::lerp(grad_avg, g, 1.0 - alpha);
-          avg = op::sqrt(op::add(square_avg, op::mul(op::neg(grad_avg), grad_avg)));
-        } else {
-          avg = op::sqrt(square_avg);
-        }
-        avg = op::add(avg, eps);
-        if (momentum > 0.0) {
-          AnyTensor& buf = *find_state(st, "momentum_buffer");
-          buf = op::add(op::mul(buf, momentum), op::div(g, avg));
-          p.copy_(op::add(param, op::mul(buf, -lr)));
-        } else {
-          p.copy_(op::add(param, op::div(op::mul(g, -lr), avg)));
-        }
-      }
-    }
-  }
-
-  // The fused step (default on): one kernel per parameter instead of 6-12 elementwise ops.
-  // set_fused(false) takes the composite, the reference the kernel is tested against.
-  void set_fused(bool on) { fused_ = on; }
-  bool fused() const { return fused_; }
-  // The GradScaler's unscale runs inside the fused kernel (Optimizer::step_unscaling).
-  bool fuses_grad_unscale() const override { return fused_; }
-
-  static Hyperparams torch_defaults() {
-    return {{"lr", 1e-2},      {"alpha", 0.99},   {"eps", 1e-8},     {"weight_decay", 0.0},
-            {"momentum", 0.0}, {"centered", 0.0}, {"maximize", 0.0}};
-  }
-
- protected:
-  void validate(const Hyperparams& h) const override {
-    check_nonneg(h, "lr", "learning rate");
-    check_nonneg(h, "eps", "epsilon value");
-    check_nonneg(h, "momentum", "momentum value");
-    check_nonneg(h, "weight_decay", "weight_decay value");
-    check_nonneg(h, "alpha", "alpha value");
-  }
+      : OptimizerBase("RMSprop", std::move(params), options) {}
 
  private:
-  static Hyperparams resolve(Hyperparams h, const RMSpropOptions& o) {
-    put(h, "lr", o.lr);
-    put(h, "alpha", o.alpha);
-    put(h, "eps", o.eps);
-    put(h, "weight_decay", o.weight_decay);
-    put(h, "momentum", o.momentum);
-    put(h, "centered", o.centered);
-    put(h, "maximize", o.maximize);
-    return h;
+  friend OptimizerBase;
+  static constexpr OptionField<RMSpropOptions> kOptionFields[] = {
+      {"lr", &RMSpropOptions::lr, 1e-2},            {"alpha", &RMSpropOptions::alpha, 0.99},
+      {"eps", &RMSpropOptions::eps, 1e-8},          {"weight_decay", &RMSpropOptions::weight_decay, 0.0},
+      {"momentum", &RMSpropOptions::momentum, 0.0}, {"centered", &RMSpropOptions::centered, false},
+      {"maximize", &RMSpropOptions::maximize, false}};
+
+  static void check(const HyperparamCheck& c) {
+    c.nonneg("lr", "learning rate");
+    c.nonneg("eps", "epsilon value");
+    c.nonneg("momentum", "momentum value");
+    c.nonneg("weight_decay", "weight_decay value");
+    c.nonneg("alpha", "alpha value");
   }
 
-  bool fused_ = true;
+  void update(const RMSpropOptions& o, AnyTensor& p, const AnyTensor& grad) {
+    const double lr = *o.lr, alpha = *o.alpha, eps = *o.eps, weight_decay = *o.weight_decay, momentum = *o.momentum;
+    const bool centered = *o.centered, maximize = *o.maximize;
+    const DType sd = detail::state_dtype(p.dtype());
+    ParamState& st = state_for(p);
+    if (st.empty()) {
+      st.emplace_back("step", detail::new_step_tensor());
+      st.emplace_back("square_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
+    }
+    // Buffers, in torch's order; also created later if momentum or centered is switched on.
+    if (momentum > 0.0 && !find_state(st, "momentum_buffer"))
+      st.emplace_back("momentum_buffer", AnyTensor::zeros(p.shape(), sd, p.device()));
+    if (centered && !find_state(st, "grad_avg"))
+      st.emplace_back("grad_avg", AnyTensor::zeros(p.shape(), sd, p.device()));
+    detail::increment_step(*find_state(st, "step"));
+    AnyTensor& square_avg = *find_state(st, "square_avg");
+
+    AnyTensor* grad_avg_state = centered ? find_state(st, "grad_avg") : nullptr;
+    AnyTensor* buf_state = momentum > 0.0 ? find_state(st, "momentum_buffer") : nullptr;
+    if (fused_ && detail::fused_step_applies(p, grad, {&square_avg, grad_avg_state, buf_state})) {
+      // One pass over p, grad and the buffers (Backend::rmsprop_step), the composite's
+      // operations in its order: the same values (bitwise on the CPU without FMA contraction).
+      const RmspropStepArgs a{p.dtype(), grad.dtype(), sd,       p.numel(), lr, alpha, eps, weight_decay,
+                              momentum,  centered,     maximize, grad_unscale_};
+      if (a.n > 0)
+        p.backend().rmsprop_step(a, p.data_ptr(), grad.data_ptr(), square_avg.data_ptr(),
+                                 grad_avg_state ? grad_avg_state->data_ptr() : nullptr,
+                                 buf_state ? buf_state->data_ptr() : nullptr);
+      return;
+    }
+    // The composite (set_fused(false), or tensors the kernel does not take).
+    auto [param, g] = composite_inputs(p, grad, sd, maximize);
+    if (weight_decay != 0.0) g = op::add(g, op::mul(param, weight_decay));
+    square_avg = op::add(op::mul(square_avg, alpha), op::mul(op::mul(g, 1.0 - alpha), g));
+    AnyTensor avg;
+    if (centered) {
+      AnyTensor& grad_avg = *find_state(st, "grad_avg");
+      grad_avg = detail::lerp(grad_avg, g, 1.0 - alpha);
+      avg = op::sqrt(op::add(square_avg, op::mul(op::neg(grad_avg), grad_avg)));
+    } else {
+      avg = op::sqrt(square_avg);
+    }
+    avg = op::add(avg, eps);
+    if (momentum > 0.0) {
+      AnyTensor& buf = *find_state(st, "momentum_buffer");
+      buf = op::add(op::mul(buf, momentum), op::div(g, avg));
+      p.copy_(op::add(param, op::mul(buf, -lr)));
+    } else {
+      p.copy_(op::add(param, op::div(op::mul(g, -lr), avg)));
+    }
+  }
 };
 
 }  // namespace ember::optim

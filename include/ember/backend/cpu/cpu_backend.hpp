@@ -5,6 +5,7 @@
 #include "ember/backend/composite.hpp"
 #include "ember/backend/cpu/allocator.hpp"
 #include "ember/backend/cpu/attention.hpp"
+#include "ember/backend/cpu/batch_norm.hpp"
 #include "ember/backend/cpu/conv.hpp"
 #include "ember/backend/cpu/elementwise.hpp"
 #include "ember/backend/cpu/gemm.hpp"
@@ -19,12 +20,13 @@
 namespace ember::cpu {
 
 namespace detail {
-// The fused attention's dtypes: float32 and float64 (the op takes the composite path otherwise).
+// The dtypes of the fused kernels that take float32 and float64 only (attention, batch norm; their
+// ops take the composite path otherwise).
 template <class F>
-void dispatch_attention(DType t, const char* op, F&& f) {
+void dispatch_f32_f64(DType t, const char* op, F&& f) {
   if (t == DType::Float32) return f(float{});
   if (t == DType::Float64) return f(double{});
-  throw DTypeError(std::string(op) + ": the fused kernel takes float32 or float64, got " + dtype_name(t));
+  throw DTypeError(std::string(op) + ": the fused kernel takes float32 or float64, got " + dtype_name(t) + " on cpu");
 }
 }  // namespace detail
 
@@ -197,9 +199,31 @@ class CpuBackend : public Backend {
       }
     });
   }
+  // Batch norm (backend/cpu/batch_norm.hpp): fp32 and fp64.
+  bool runs_batch_norm(const BatchNormArgs& a) const override {
+    return a.dtype == DType::Float32 || a.dtype == DType::Float64;
+  }
+  void batch_norm_forward(const BatchNormArgs& a, const void* x, const void* w, const void* b, void* y, void* mean,
+                          void* var, void* invstd) override {
+    detail::dispatch_f32_f64(a.dtype, "batch_norm_forward", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::batch_norm_forward<T>(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), a.n,
+                                 a.c, a.s, a.eps, static_cast<T*>(y), static_cast<T*>(mean), static_cast<T*>(var),
+                                 static_cast<T*>(invstd));
+    });
+  }
+  void batch_norm_backward(const BatchNormArgs& a, const void* x, const void* w, const void* mean, const void* invstd,
+                           const void* gy, void* gx, void* gw, void* gb) override {
+    detail::dispatch_f32_f64(a.dtype, "batch_norm_backward", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::batch_norm_backward<T>(static_cast<const T*>(x), static_cast<const T*>(gy), static_cast<const T*>(w),
+                                  static_cast<const T*>(mean), static_cast<const T*>(invstd), a.n, a.c, a.s,
+                                  static_cast<T*>(gx), static_cast<T*>(gw), static_cast<T*>(gb));
+    });
+  }
   void attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v, const void* mask,
                          void* out, void* lse) override {
-    detail::dispatch_attention(a.dtype, "scaled_dot_product_attention", [&](auto tag) {
+    detail::dispatch_f32_f64(a.dtype, "scaled_dot_product_attention", [&](auto tag) {
       using T = decltype(tag);
       cpu::attention_forward<T>(a, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
                                 static_cast<const T*>(mask), static_cast<T*>(out),
@@ -209,7 +233,7 @@ class CpuBackend : public Backend {
   void attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v, const void* mask,
                           const void* out, const void* lse, const void* gout, void* delta, void* gq, void* gk,
                           void* gv) override {
-    detail::dispatch_attention(a.dtype, "scaled_dot_product_attention backward", [&](auto tag) {
+    detail::dispatch_f32_f64(a.dtype, "scaled_dot_product_attention backward", [&](auto tag) {
       using T = decltype(tag);
       using S = cpu::norm_stat_t<T>;
       cpu::attention_backward<T>(a, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),

@@ -1,7 +1,7 @@
 #pragma once
 // Checks and shape helpers shared by the op families: argument validation with messages that name
-// the op, shapes, dtypes and devices (DESIGN.md decision 8), NumPy broadcasting, and the two
-// broadcasting adjoints (expand a gradient up, sum a gradient down).
+// the op, shapes, dtypes and devices, NumPy broadcasting, and the two broadcasting adjoints (expand
+// a gradient up, sum a gradient down).
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -12,9 +12,9 @@
 
 namespace ember::op::detail {
 
-// The profiler's hook into every op (DESIGN.md decision 13): each public op opens one of these
-// first, with its name (a string literal) and inputs. With no profiler listening it costs one
-// load and one predictable branch; the inputs are read only when one listens.
+// The profiler's hook into every op: each public op opens one of these first, with its name (a
+// string literal) and inputs. With no profiler listening it costs one load and one predictable
+// branch; the inputs are read only when one listens.
 class OpScope {
  public:
   template <class... Ts>
