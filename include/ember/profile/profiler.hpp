@@ -132,13 +132,8 @@ class Profiler {
       detail::Recorder::close_open(*b, *s, now);
       if (b->step_thread) detail::Recorder::resolve_timings(*b, *s);
       b->active = false;
-      if (b->step_thread && s->steps.empty()) {  // no step() at all: the whole session is one step
-        StepRecord r = s->current;
-        r.end_ns = now - s->origin_ns;
-        r.communication_total_ns = s->pending_comm_ns.exchange(0);
-        for (size_t i = 0; i < r.memory.size(); ++i) r.memory[i].capacity_bytes = detail::Recorder::capacity(*s, s->devices[i]);
-        s->steps.push_back(r);
-      }
+      if (b->step_thread && s->steps.empty())  // no step() at all: the whole session is one step
+        s->steps.push_back(detail::Recorder::finish_step(*s, now, 0));
     }
     collect(*s, threads);
     if (!options_.trace_path.empty()) write_chrome_trace(options_.trace_path);
@@ -215,13 +210,12 @@ class Profiler {
     return f;
   }
 
-  // The average over the last `window` steps (leaving out the first as warm-up when there are
-  // more steps than that).
+  // The average over the last `window` steps; the session's first step (a warm-up) is left out
+  // when it is among them and not the only one.
   StepFigures average_figures() const {
     StepFigures avg;
     if (steps_.empty()) return avg;
-    size_t first = steps_.size() > static_cast<size_t>(options_.window) ? steps_.size() - static_cast<size_t>(options_.window)
-                                                                      : (steps_.size() > 1 ? 1 : 0);
+    const size_t first = first_averaged_step();
     const double n = static_cast<double>(steps_.size() - first);
     int64_t samples = 0;
     double ms = 0;
@@ -272,7 +266,7 @@ class Profiler {
                     f.communication_total_ms, sps);
       out += buf;
     };
-    const size_t first = steps_.size() > static_cast<size_t>(options_.window) ? steps_.size() - static_cast<size_t>(options_.window) : 0;
+    const size_t first = first_shown_step();
     for (size_t i = first; i < steps_.size(); ++i) row(std::to_string(steps_[i].index), figures(steps_[i]));
     if (steps_.empty()) {
       out += "(no steps recorded)\n";
@@ -422,8 +416,24 @@ class Profiler {
 
   // The session's time origin on trace::now_ns()'s clock.
   int64_t origin_ns() const { return origin_ns_; }
+  // The span of the steps average_figures() is over, on trace::now_ns()'s clock (the device
+  // monitor averages its GPU utilisation over it); the origin when no step was recorded.
+  int64_t average_begin_ns() const { return origin_ns_ + (steps_.empty() ? 0 : steps_[first_averaged_step()].begin_ns); }
+  int64_t average_end_ns() const { return origin_ns_ + (steps_.empty() ? 0 : steps_.back().end_ns); }
 
  private:
+  // The steps step_report() shows: the last `window`.
+  size_t first_shown_step() const {
+    const size_t window = static_cast<size_t>(options_.window);
+    return steps_.size() > window ? steps_.size() - window : 0;
+  }
+  // The steps average_figures() is over: those shown, less the session's first step when it is
+  // among them and not the only one.
+  size_t first_averaged_step() const {
+    const size_t first = first_shown_step();
+    return first == 0 && steps_.size() > 1 ? 1 : first;
+  }
+
   void collect(detail::Session& s, const std::vector<std::shared_ptr<detail::ThreadBuffer>>& threads) {
     events_.clear();
     counters_.clear();

@@ -350,11 +350,7 @@ class Recorder final : public trace::Listener {
   }
 
   static void close_step(ThreadBuffer& b, Session& s, int64_t now, int64_t samples) {
-    StepRecord r = s.current;
-    r.end_ns = now - s.origin_ns;
-    r.samples = samples;
-    r.communication_total_ns = s.pending_comm_ns.exchange(0);
-    for (size_t i = 0; i < r.memory.size(); ++i) r.memory[i].capacity_bytes = capacity(s, s.devices[i]);
+    const StepRecord r = finish_step(s, now, samples);
     RawEvent& e = b.events.emplace_back();
     e.kind = EventKind::Step;
     e.name = b.intern("ProfilerStep#" + std::to_string(r.index));
@@ -369,6 +365,15 @@ class Recorder final : public trace::Listener {
   }
 
  public:
+  // The step being recorded, ended at `now`: its communication total and each device's capacity.
+  static StepRecord finish_step(Session& s, int64_t now, int64_t samples) {
+    StepRecord r = s.current;
+    r.end_ns = now - s.origin_ns;
+    r.samples = samples;
+    r.communication_total_ns = s.pending_comm_ns.exchange(0);
+    for (size_t i = 0; i < r.memory.size(); ++i) r.memory[i].capacity_bytes = capacity(s, s.devices[i]);
+    return r;
+  }
   static int64_t capacity(const Session& s, Device d) {
     const MemoryStats st = backend_for(d).memory_stats();
     if (st.limit_bytes >= 0) return st.limit_bytes;
