@@ -348,18 +348,18 @@ class Profiler {
       std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(ns) / 1e3);
       return std::string(buf);
     };
-    sep();
-    out += "{\"ph\":\"M\",\"pid\":0,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"ember host\"}}";
-    for (size_t t = 0; t < thread_names_.size(); ++t) {
+    // A metadata event: the name (`what`: process_name or thread_name) of a process or a track.
+    auto meta = [&](int pid, size_t tid, const char* what, const std::string& name) {
       sep();
-      out += "{\"ph\":\"M\",\"pid\":0,\"tid\":" + std::to_string(t) + ",\"name\":\"thread_name\",\"args\":{\"name\":";
-      logging::append_json_string(out, thread_names_[t]);
+      out += "{\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(tid) + ",\"name\":\"" +
+             what + "\",\"args\":{\"name\":";
+      logging::append_json_string(out, name);
       out += "}}";
-    }
+    };
+    meta(0, 0, "process_name", "ember host");
+    for (size_t t = 0; t < thread_names_.size(); ++t) meta(0, t, "thread_name", thread_names_[t]);
     constexpr int kCommTrack = 1000;
-    sep();
-    out += "{\"ph\":\"M\",\"pid\":0,\"tid\":" + std::to_string(kCommTrack) +
-           ",\"name\":\"thread_name\",\"args\":{\"name\":\"collectives (launch to completion)\"}}";
+    meta(0, kCommTrack, "thread_name", "collectives (launch to completion)");
     for (const Event& e : events_) {
       sep();
       out += "{\"ph\":\"X\",\"pid\":0,\"tid\":" + std::to_string(e.kind == EventKind::Async ? kCommTrack : e.thread) +
@@ -383,21 +383,15 @@ class Profiler {
     std::set<int> gpu_tracks;
     for (const Event& e : events_) {
       if (e.device_begin_ns < 0 || e.device_ns < 0) continue;
-      if (gpu_tracks.insert(e.device.index()).second) {
-        sep();
-        out += "{\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(e.device.index()) +
-               ",\"name\":\"thread_name\",\"args\":{\"name\":\"" + e.device.str() + " compute stream\"}}";
-      }
+      if (gpu_tracks.insert(e.device.index()).second)
+        meta(1, static_cast<size_t>(e.device.index()), "thread_name", e.device.str() + " compute stream");
       sep();
       out += "{\"ph\":\"X\",\"pid\":1,\"tid\":" + std::to_string(e.device.index()) + ",\"ts\":" + us(e.device_begin_ns) +
              ",\"dur\":" + us(e.device_ns) + ",\"cat\":\"device\",\"name\":";
       logging::append_json_string(out, e.name);
       out += "}";
     }
-    if (!gpu_tracks.empty()) {
-      sep();
-      out += "{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"ember devices\"}}";
-    }
+    if (!gpu_tracks.empty()) meta(1, 0, "process_name", "ember devices");
     auto counter = [&](const CounterSample& c, int64_t ts) {
       sep();
       out += "{\"ph\":\"C\",\"pid\":0,\"ts\":" + us(ts) + ",\"name\":";

@@ -34,15 +34,6 @@
 namespace ember::profile {
 namespace detail {
 
-inline std::string shapes_text(const trace::OpInput* in, int n) {
-  std::string s = "[";
-  for (int i = 0; i < n; ++i) {
-    if (i) s += ", ";
-    s += in[i].shape.str();
-  }
-  return s + "]";
-}
-
 // The host's memory size, from /proc/meminfo (the CPU's capacity); -1 when unreadable.
 inline int64_t host_memory_total() {
   std::ifstream f("/proc/meminfo");
@@ -181,20 +172,21 @@ struct ThreadBuffer {
     ids.push_back(static_cast<uint32_t>(shape_sets.size() - 1));
     return static_cast<uint32_t>(shape_sets.size());
   }
+  // An interned set's shapes, "[[64, 784], [10, 784]]", and dtypes, "[float32, float32]".
   std::string shapes_string(uint32_t id) const {
-    if (id == 0) return {};
-    const ShapeSet& set = shape_sets[id - 1];
-    trace::OpInput in[trace::kMaxOpInputs];
-    for (int i = 0; i < set.n; ++i) in[i].shape = set.shapes[static_cast<size_t>(i)];
-    return shapes_text(in, set.n);
+    return set_text(id, [](const ShapeSet& set, size_t i) { return set.shapes[i].str(); });
   }
   std::string dtypes_string(uint32_t id) const {
+    return set_text(id, [](const ShapeSet& set, size_t i) { return std::string(dtype_name(set.dtypes[i])); });
+  }
+  template <class ItemText>
+  std::string set_text(uint32_t id, ItemText item) const {
     if (id == 0) return {};
     const ShapeSet& set = shape_sets[id - 1];
     std::string s = "[";
-    for (int i = 0; i < set.n; ++i) {
+    for (size_t i = 0; i < static_cast<size_t>(set.n); ++i) {
       if (i) s += ", ";
-      s += dtype_name(set.dtypes[static_cast<size_t>(i)]);
+      s += item(set, i);
     }
     return s + "]";
   }
