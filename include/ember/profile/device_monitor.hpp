@@ -302,8 +302,8 @@ class DeviceMonitor {
   }
 
   // GPU `gpu`'s average utilisation over the samples taken from `since_ns` to `until_ns`
-  // (trace::now_ns()'s clock), and its memory size: what the verdict needs. Unknown (-1) without
-  // NVML or without a sample in the span.
+  // (trace::now_ns()'s clock), and its memory size (from any sample: it does not change): what
+  // the verdict needs. Unknown (-1) without NVML; the utilisation also without a sample in the span.
   DeviceUtilisation utilisation(int64_t since_ns = 0, int gpu = 0,
                                 int64_t until_ns = std::numeric_limits<int64_t>::max()) const {
     DeviceUtilisation u;
@@ -311,13 +311,12 @@ class DeviceMonitor {
     double sum = 0;
     int n = 0;
     for (const MonitorSample& s : samples_) {
-      if (s.ts_ns < since_ns || s.ts_ns > until_ns || gpu >= static_cast<int>(s.gpus.size())) continue;
+      if (gpu >= static_cast<int>(s.gpus.size())) continue;
       const GpuSample& g = s.gpus[static_cast<size_t>(gpu)];
-      if (g.gpu_utilization >= 0) {
-        sum += g.gpu_utilization;
-        ++n;
-      }
       if (g.memory_total_bytes > 0) u.total_bytes = g.memory_total_bytes;
+      if (s.ts_ns < since_ns || s.ts_ns > until_ns || g.gpu_utilization < 0) continue;
+      sum += g.gpu_utilization;
+      ++n;
     }
     if (n > 0) u.busy_fraction = sum / n;
     return u;
