@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -232,6 +233,63 @@ TEST_CASE("profiler: phases of a training step add up to the step", "[profile]")
   std::string rep = p.step_report();
   CHECK_THAT(rep, Contains("Step breakdown") && Contains("avg") && Contains("Verdict") && Contains("Peak memory cpu"));
   if (avg.data_wait_ms / avg.step_ms > 0.10) CHECK_THAT(rep, Contains("data-bound"));
+}
+
+TEST_CASE("profiler: the step report's average is over the last `window` steps", "[profile]") {
+  // Eight steps of different lengths and sample counts, a window of three: every figure of the
+  // average comes from steps 5, 6 and 7 only, the reference computed here from their records.
+  profile::Profiler p({.window = 3});
+  p.start();
+  for (int i = 0; i < 8; ++i) {
+    {
+      trace::PhaseScope wait(trace::Phase::DataWait);
+      std::this_thread::sleep_for(std::chrono::milliseconds(i < 5 ? 6 : 1));
+    }
+    (void)relu(Tensor<float>::ones({64}));
+    p.step(10 * (i + 1));
+  }
+  p.stop();
+  const auto& steps = p.steps();
+  REQUIRE(steps.size() == 8);
+  double step_ms = 0, data_ms = 0, rest_ms = 0;
+  int64_t samples = 0, window_ns = 0;
+  for (size_t i = 5; i < 8; ++i) {
+    step_ms += static_cast<double>(steps[i].duration_ns()) * 1e-6 / 3.0;
+    data_ms += static_cast<double>(steps[i].phase_ns[static_cast<size_t>(trace::Phase::DataWait)]) * 1e-6 / 3.0;
+    rest_ms += static_cast<double>(steps[i].rest_ns) * 1e-6 / 3.0;
+    samples += steps[i].samples;
+    window_ns += steps[i].duration_ns();
+  }
+  const profile::StepFigures avg = p.average_figures();
+  CHECK(avg.step_ms == Approx(step_ms).epsilon(1e-12));
+  CHECK(avg.data_wait_ms == Approx(data_ms).epsilon(1e-12));
+  CHECK(avg.rest_ms == Approx(rest_ms).epsilon(1e-12));
+  CHECK(samples == 60 + 70 + 80);
+  CHECK(avg.samples_per_second == Approx(static_cast<double>(samples) / (static_cast<double>(window_ns) * 1e-9)).epsilon(1e-12));
+  // The report's rows are the same three steps, and its avg row shows the average above.
+  const std::string rep = p.step_report();
+  CHECK_THAT(rep, Contains("\n5 ") && Contains("\n7 ") && !Contains("\n4 "));
+  char total[32];
+  std::snprintf(total, sizeof total, "%9.3f", avg.step_ms);
+  CHECK_THAT(rep, Contains(std::string("avg     ") + total));
+  // The span the device monitor averages its GPU utilisation over: the same three steps.
+  CHECK(p.average_begin_ns() == p.origin_ns() + steps[5].begin_ns);
+  CHECK(p.average_end_ns() == p.origin_ns() + steps[7].end_ns);
+
+  // Fewer steps than the window: all of them but the first (warm-up).
+  profile::Profiler q({.window = 10});
+  q.start();
+  for (int i = 0; i < 4; ++i) {
+    (void)relu(Tensor<float>::ones({64}));
+    q.step(1);
+  }
+  q.stop();
+  REQUIRE(q.steps().size() == 4);
+  double q_ms = 0;
+  for (size_t i = 1; i < 4; ++i) q_ms += static_cast<double>(q.steps()[i].duration_ns()) * 1e-6 / 3.0;
+  CHECK(q.average_figures().step_ms == Approx(q_ms).epsilon(1e-12));
+  CHECK(q.average_begin_ns() == q.origin_ns() + q.steps()[1].begin_ns);
+  CHECK(q.average_end_ns() == q.origin_ns() + q.steps()[3].end_ns);
 }
 
 TEST_CASE("profiler: nested phases are exclusive, collectives total and exposed", "[profile]") {

@@ -29,6 +29,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -300,28 +301,31 @@ class DeviceMonitor {
     return samples_.size();
   }
 
-  // GPU 0's average utilisation over the samples taken at or after `since_ns`, and its memory
-  // size: what the verdict needs. Unknown (-1) without NVML.
-  DeviceUtilisation utilisation(int64_t since_ns = 0, int gpu = 0) const {
+  // GPU `gpu`'s average utilisation over the samples taken from `since_ns` to `until_ns`
+  // (trace::now_ns()'s clock), and its memory size (from any sample: it does not change): what
+  // the verdict needs. Unknown (-1) without NVML; the utilisation also without a sample in the span.
+  DeviceUtilisation utilisation(int64_t since_ns = 0, int gpu = 0,
+                                int64_t until_ns = std::numeric_limits<int64_t>::max()) const {
     DeviceUtilisation u;
     std::lock_guard<std::mutex> l(mutex_);
     double sum = 0;
     int n = 0;
     for (const MonitorSample& s : samples_) {
-      if (s.ts_ns < since_ns || gpu >= static_cast<int>(s.gpus.size())) continue;
+      if (gpu >= static_cast<int>(s.gpus.size())) continue;
       const GpuSample& g = s.gpus[static_cast<size_t>(gpu)];
-      if (g.gpu_utilization >= 0) {
-        sum += g.gpu_utilization;
-        ++n;
-      }
       if (g.memory_total_bytes > 0) u.total_bytes = g.memory_total_bytes;
+      if (s.ts_ns < since_ns || s.ts_ns > until_ns || g.gpu_utilization < 0) continue;
+      sum += g.gpu_utilization;
+      ++n;
     }
     if (n > 0) u.busy_fraction = sum / n;
     return u;
   }
 
   // Puts the samples taken during the profiler's session into its trace as counters, and the
-  // GPU's utilisation and memory size into its verdict. Call after Profiler::stop().
+  // GPU's utilisation over the steps the step report averages (Profiler::average_begin_ns() to
+  // average_end_ns()) and its memory size into the report and verdict. Call after
+  // Profiler::stop().
   void feed(Profiler& p) const {
     const int64_t since = p.origin_ns();
     for (const MonitorSample& s : samples()) {
@@ -335,7 +339,7 @@ class DeviceMonitor {
           p.add_counter(gpu + " memory used bytes", s.ts_ns, static_cast<double>(g.memory_used_bytes));
       }
     }
-    p.set_device_utilisation(utilisation(since));
+    p.set_device_utilisation(utilisation(p.average_begin_ns(), 0, p.average_end_ns()));
   }
 
   // The latest sample as scalars ("monitor/host_cpu_utilization", "monitor/gpu0_utilization", ...).
