@@ -290,6 +290,26 @@ TEST_CASE("profiler: the step report's average is over the last `window` steps",
   CHECK(q.average_figures().step_ms == Approx(q_ms).epsilon(1e-12));
   CHECK(q.average_begin_ns() == q.origin_ns() + q.steps()[1].begin_ns);
   CHECK(q.average_end_ns() == q.origin_ns() + q.steps()[3].end_ns);
+
+  // A session that starts after the caller's own warm-up (the Trainer's profile window): its
+  // first step counts, so a window of 3 steps averages 3.
+  profile::Profiler r({.window = 3, .first_step_is_warmup = false});
+  r.start();
+  for (int i = 0; i < 3; ++i) {
+    (void)relu(Tensor<float>::ones({64}));
+    r.step(1);
+  }
+  r.stop();
+  REQUIRE(r.steps().size() == 3);
+  double r_ms = 0;
+  for (size_t i = 0; i < 3; ++i) r_ms += static_cast<double>(r.steps()[i].duration_ns()) * 1e-6 / 3.0;
+  CHECK(r.average_figures().step_ms == Approx(r_ms).epsilon(1e-12));
+  CHECK(r.average_begin_ns() == r.origin_ns() + r.steps()[0].begin_ns);
+  // The breakdown is the report without its verdict.
+  const std::string full = r.step_report(), breakdown = r.step_breakdown();
+  CHECK(full.rfind(breakdown, 0) == 0);
+  CHECK_THAT(full.substr(breakdown.size()), Contains("Verdict:"));
+  CHECK(breakdown.find("Verdict:") == std::string::npos);
 }
 
 TEST_CASE("profiler: nested phases are exclusive, collectives total and exposed", "[profile]") {

@@ -250,6 +250,16 @@ class Profiler {
   // Per step (the last `window`) and averaged: the phases, samples per second, peak memory
   // against capacity, then the verdict.
   std::string step_report() const {
+    std::string out = step_breakdown();
+    if (steps_.empty()) return out;
+    out += "Verdict:\n";
+    for (const Verdict& v : verdict(average_figures())) out += "  - " + v.message + "\n";
+    return out;
+  }
+
+  // step_report() without its closing verdict, for a caller that prints the verdict its own way
+  // (the Trainer, which also logs it).
+  std::string step_breakdown() const {
     std::string out;
     char buf[512];
     out += "Step breakdown (ms; phases exclusive, they add up to the step)\n";
@@ -320,8 +330,6 @@ class Profiler {
       std::snprintf(buf, sizeof buf, "Device busy: %.1f%% of the step (%s)\n", 100.0 * avg.device_busy, avg.device.c_str());
       out += buf;
     }
-    out += "Verdict:\n";
-    for (const Verdict& v : verdict(avg)) out += "  - " + v.message + "\n";
     return out;
   }
 
@@ -422,10 +430,10 @@ class Profiler {
     return steps_.size() > window ? steps_.size() - window : 0;
   }
   // The steps average_figures() is over: those shown, less the session's first step when it is
-  // among them and not the only one.
+  // among them, not the only one, and counted as warm-up.
   size_t first_averaged_step() const {
     const size_t first = first_shown_step();
-    return first == 0 && steps_.size() > 1 ? 1 : first;
+    return first == 0 && steps_.size() > 1 && options_.first_step_is_warmup ? 1 : first;
   }
 
   void collect(detail::Session& s, const std::vector<std::shared_ptr<detail::ThreadBuffer>>& threads) {

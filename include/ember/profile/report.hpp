@@ -23,7 +23,10 @@ struct ProfilerOptions {
   bool external_ranges = true;   // NVTX ranges for Nsight Systems when the CUDA backend is linked
   std::string trace_path;        // written by stop() (also when a ProfileScope unwinds) when set
   int window = 10;               // steps averaged by step_report() (the first step is left out
-                                 // as warm-up when there are more)
+                                 // as warm-up when there are more, unless first_step_is_warmup
+                                 // is false)
+  bool first_step_is_warmup = true;  // false: the session starts after the caller's own warm-up
+                                     // (the Trainer's profile window), so its first step counts
 };
 
 enum class EventKind : uint8_t { Op, BackwardOp, Module, Range, Phase, Step, Async };

@@ -16,15 +16,6 @@
 
 namespace ember::train::trainer_detail {
 
-// The profiler's step report without its closing "Verdict:" section: the Trainer prints the
-// verdict once, after the report, as the text it also logs ("profile/verdict").
-inline std::string step_report_without_verdict(std::string report) {
-  if (report.rfind("Verdict:\n", 0) == 0) return "";
-  const size_t at = report.rfind("\nVerdict:\n");
-  if (at != std::string::npos) report.erase(at + 1);
-  return report;
-}
-
 class ProfileWindowRecorder {
  public:
   // enabled: this rank profiles (rank 0, and window.steps > 0).
@@ -34,7 +25,9 @@ class ProfileWindowRecorder {
   void start_if_due(int64_t steps_done) {
     if (!enabled_ || done_ || profiler_ || steps_done < window_.start_step) return;
     profiler_ = std::make_unique<profile::Profiler>(profile::ProfilerOptions{
-        .trace_path = window_.trace_path, .window = static_cast<int>(std::min<int64_t>(window_.steps, 1 << 20))});
+        .trace_path = window_.trace_path,
+        .window = static_cast<int>(std::min<int64_t>(window_.steps, 1 << 20)),
+        .first_step_is_warmup = false});  // the window starts after the fit's warm-up steps
     profiler_->start();
   }
 
@@ -55,7 +48,7 @@ class ProfileWindowRecorder {
     const profile::StepFigures f = profiler_->average_figures();
     std::string text = "profile (" + std::to_string(steps_) + " steps):\n";
     if (window_.table_rows > 0) text += profiler_->key_averages().table(profile::SortBy::SelfHost, window_.table_rows);
-    text += step_report_without_verdict(profiler_->step_report());
+    text += profiler_->step_breakdown();  // the verdict once, below, as it is also logged
     std::string verdict;
     for (const auto& v : profile::verdict(f)) verdict += "- " + v.message + "\n";
     text += "verdict:\n" + verdict;
