@@ -11,6 +11,21 @@
 
 namespace ember::math {
 
+// Arithmetic type of a kernel: float for the 16-bit floats, double for integers, else T.
+template <class T>
+using calc_t = std::conditional_t<std::is_integral_v<T>, double, compute_t<T>>;
+
+// calc_t<T> -> T on the host (the CPU kernels, and the CUDA backend's fill values, so that both
+// store the same bits).
+template <class T>
+inline T from_calc(calc_t<T> v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(v);
+  } else {
+    return T(v);
+  }
+}
+
 EMBER_HD inline float exp_(float x) { return ::expf(x); }
 EMBER_HD inline double exp_(double x) { return ::exp(x); }
 EMBER_HD inline float log_(float x) { return ::logf(x); }

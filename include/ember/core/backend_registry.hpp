@@ -1,20 +1,12 @@
 #pragma once
 // The registry of backends: backend_for(Device), the CPU backend (always present) and the CUDA
 // backend that the nvcc-compiled translation unit registers at start-up (backend/cuda/ember_cuda.cu),
-// and the memory statistics of a device. The interface itself is core/backend.hpp.
+// and the memory statistics of a device. The interface itself is core/backend.hpp; the CUDA
+// backend's registration (register_cuda_backend, cuda::device_count) is core/cuda_registration.hpp.
 #include "ember/core/backend.hpp"
+#include "ember/core/cuda_registration.hpp"
 
 namespace ember {
-
-namespace detail {
-inline int& cuda_device_count_slot() {
-  static int count = 0;
-  return count;
-}
-}  // namespace detail
-
-// Called by the nvcc-compiled translation unit at start-up.
-inline void register_cuda_backend(Backend* (*for_device)(int), int device_count);
 
 // The CPU backend. Header-only (the default): defined in backend/cpu/cpu_backend.hpp, which
 // this header includes at its end, so every translation unit compiles the whole backend again.
@@ -29,26 +21,6 @@ inline Backend& cpu_backend() { return detail::compiled_cpu_backend(); }
 #else
 inline Backend& cpu_backend();
 #endif
-
-namespace detail {
-inline Backend* (*&cuda_backend_factory())(int) {
-  static Backend* (*factory)(int) = nullptr;
-  return factory;
-}
-}  // namespace detail
-
-inline void register_cuda_backend(Backend* (*for_device)(int), int device_count) {
-  detail::cuda_backend_factory() = for_device;
-  detail::cuda_device_count_slot() = device_count;
-}
-
-namespace cuda {
-// True when the CUDA backend was compiled into this program (ember::cuda linked).
-inline bool is_compiled() { return detail::cuda_backend_factory() != nullptr; }
-// Number of usable CUDA devices; 0 without a GPU or without the CUDA backend.
-inline int device_count() { return detail::cuda_device_count_slot(); }
-inline bool is_available() { return device_count() > 0; }
-}  // namespace cuda
 
 inline Backend& backend_for(Device d) {
   if (d.is_cpu()) return cpu_backend();

@@ -16,18 +16,9 @@
 
 namespace ember::cpu {
 
-// Arithmetic type of a kernel: float for the 16-bit floats, double for integers, else T.
-template <class T>
-using calc_t = std::conditional_t<std::is_integral_v<T>, double, compute_t<T>>;
-
-template <class T>
-inline T from_calc(calc_t<T> v) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(v);
-  } else {
-    return T(v);
-  }
-}
+// The arithmetic type of a kernel and the conversion back (backend/elementwise_math.hpp).
+using math::calc_t;
+using math::from_calc;
 
 // Walks rows [row_lo, row_hi) of a StridedArgs view (a row: the last dimension), calling
 // row(out_index, offset_a, offset_b, offset_c, inner) once per row; the row's element i is at

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "ember/backend/cuda/runtime.hpp"
-#include "ember/core/backend_registry.hpp"
+#include "ember/core/backend.hpp"
 
 namespace ember::cuda {
 

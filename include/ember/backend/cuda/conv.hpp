@@ -9,13 +9,15 @@
 // favour of the graph API); the deprecation warnings are silenced here, and only here.
 #include <cudnn.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 
 #include "ember/backend/cuda/cudnn.hpp"
-#include "ember/core/backend_registry.hpp"
+#include "ember/backend/cuda/launch_context.hpp"
+#include "ember/core/backend.hpp"
 #include "ember/core/checked_math.hpp"
 
 #if defined(__GNUC__)
@@ -98,22 +100,22 @@ class ConvPlan {
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
 
-  void forward(const void* x, const void* w, void* y, DType t) {
-    Workspace ws(device_, fwd_ws_);
+  void forward(const void* x, const void* w, void* y, DType t, DeviceAllocator& memory) {
+    Workspace ws(memory, fwd_ws_);
     Scalars s(t);
     use_math(fwd_math_);
     EMBER_CUDNN_CHECK(cudnnConvolutionForward(cudnn_handle(device_), s.one(), x_, x, w_, w, conv_, fwd_, ws.ptr,
                                               fwd_ws_, s.zero(), y_, y));
   }
-  void backward_input(const void* gy, const void* w, void* gx, DType t) {
-    Workspace ws(device_, bwd_data_ws_);
+  void backward_input(const void* gy, const void* w, void* gx, DType t, DeviceAllocator& memory) {
+    Workspace ws(memory, bwd_data_ws_);
     Scalars s(t);
     use_math(bwd_data_math_);
     EMBER_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_handle(device_), s.one(), w_, w, y_, gy, conv_, bwd_data_,
                                                    ws.ptr, bwd_data_ws_, s.zero(), x_, gx));
   }
-  void backward_weight(const void* x, const void* gy, void* gw, DType t) {
-    Workspace ws(device_, bwd_filter_ws_);
+  void backward_weight(const void* x, const void* gy, void* gw, DType t, DeviceAllocator& memory) {
+    Workspace ws(memory, bwd_filter_ws_);
     Scalars s(t);
     use_math(bwd_filter_math_);
     EMBER_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_handle(device_), s.one(), x_, x, y_, gy, conv_,
@@ -149,15 +151,15 @@ class ConvPlan {
     throw CudnnError("conv2d: cuDNN found no algorithm for this convolution");
   }
 
-  // Workspace from ember's stream-ordered allocator, returned when the call has been queued.
+  // Workspace from the device's stream-ordered allocator, returned when the call has been queued.
   struct Workspace {
-    Workspace(int device, size_t bytes) : device(device), bytes(bytes) {
-      if (bytes) ptr = backend_for(Device::cuda(device)).allocate(bytes);
+    Workspace(DeviceAllocator& memory, size_t bytes) : memory(memory), bytes(bytes) {
+      if (bytes) ptr = memory.allocate(bytes);
     }
     ~Workspace() {
-      if (ptr) backend_for(Device::cuda(device)).deallocate(ptr, bytes);
+      if (ptr) memory.deallocate(ptr, bytes);
     }
-    int device;
+    DeviceAllocator& memory;
     size_t bytes;
     void* ptr = nullptr;
   };
@@ -196,6 +198,31 @@ inline ConvPlan& conv_plan(const Conv2dArgs& a, int device) {
   auto it = cache->find(k);
   if (it == cache->end()) it = cache->emplace(k, std::make_unique<ConvPlan>(a, device)).first;
   return *it->second;
+}
+
+// The kernel table's convolutions. cuDNN rejects tensors with a zero dimension
+// (CUDNN_STATUS_BAD_PARAM); an empty batch or no input channels gives what the CPU twin gives:
+// zeros in whichever result is not empty itself.
+inline void conv2d_zero_fill(const LaunchContext& c, void* p, int64_t numel, DType t) {
+  if (numel > 0) EMBER_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(numel) * dtype_size(t), c.stream));
+}
+inline void conv2d_forward(const LaunchContext& c, const Conv2dArgs& a, const void* x, const void* w, void* y) {
+  DeviceGuard g(c.device);
+  if (a.n == 0 || a.c_in == 0) return conv2d_zero_fill(c, y, a.n * a.c_out * a.out_h * a.out_w, a.dtype);
+  conv_plan(a, c.device).forward(x, w, y, a.dtype, *c.memory);
+}
+inline void conv2d_backward_input(const LaunchContext& c, const Conv2dArgs& a, const void* gy, const void* w,
+                                  void* gx) {
+  DeviceGuard g(c.device);
+  if (a.n == 0 || a.c_in == 0) return conv2d_zero_fill(c, gx, a.n * a.c_in * a.h * a.w, a.dtype);
+  conv_plan(a, c.device).backward_input(gy, w, gx, a.dtype, *c.memory);
+}
+inline void conv2d_backward_weight(const LaunchContext& c, const Conv2dArgs& a, const void* x, const void* gy,
+                                   void* gw) {
+  DeviceGuard g(c.device);
+  if (a.n == 0 || a.c_in == 0)
+    return conv2d_zero_fill(c, gw, a.c_out * (a.c_in / std::max<int64_t>(a.groups, 1)) * a.kh * a.kw, a.dtype);
+  conv_plan(a, c.device).backward_weight(x, gy, gw, a.dtype, *c.memory);
 }
 
 }  // namespace ember::cuda

@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "ember/backend/cuda/runtime.hpp"
-#include "ember/core/backend_registry.hpp"
+#include "ember/core/backend.hpp"
 
 namespace ember::cuda {
 

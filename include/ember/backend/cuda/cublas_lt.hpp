@@ -22,7 +22,7 @@
 #include <tuple>
 
 #include "ember/backend/cuda/cublas.hpp"
-#include "ember/core/backend_registry.hpp"
+#include "ember/core/backend.hpp"
 
 namespace ember::cuda {
 

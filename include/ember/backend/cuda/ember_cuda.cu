@@ -1,24 +1,23 @@
-// The CUDA backend's one translation unit (DESIGN.md decision 3). Compiled by nvcc into every
-// program that links ember::cuda; at start-up it fills ember's kernel table
-// (ember::register_cuda_backend, core/backend.hpp) so that every other translation unit, compiled
-// by any C++20 compiler, reaches the CUDA kernels through ember::backend_for(Device::cuda(i)).
+// The CUDA backend's one translation unit. Compiled by nvcc into every program that links
+// ember::cuda; at start-up it fills ember's kernel table (ember::register_cuda_backend,
+// core/cuda_registration.hpp) so that every other translation unit, compiled by any C++20
+// compiler, reaches the CUDA kernels through ember::backend_for(Device::cuda(i)). It includes the
+// kernel table's interface (core/backend.hpp), not the registry (core/backend_registry.hpp), so no
+// CPU kernel (backend/cpu/*) is compiled here.
 //
 // Start-up only asks the runtime for the device count (no GPU or no driver: zero devices, and the
 // backend is still registered so that ember::cuda::is_compiled() is true). A device's stream,
 // memory pool, cuBLAS handle and backend object are created on its first use.
-#include <ember/core/tensor.hpp>
-#include <ember/core/trace.hpp>
-
 #include <mutex>
 
 #include <nvtx3/nvToolsExt.h>  // header-only (NVTX 3): ranges that Nsight Systems shows
 
-#include "ember/backend/cuda/allocator.hpp"
-#include "ember/backend/cuda/cublas.hpp"
 #include "ember/backend/cuda/cuda_backend.hpp"
-#include "ember/backend/cuda/cudnn.hpp"
-#include "ember/backend/cuda/nccl.hpp"
 #include "ember/backend/cuda/runtime.hpp"
+#include "ember/core/backend.hpp"
+#include "ember/core/cuda_registration.hpp"
+#include "ember/core/error.hpp"
+#include "ember/core/trace.hpp"
 
 namespace ember::cuda_impl {
 namespace {

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 #include "ember/backend/cuda/kernels/norm.cuh"     // norm_stat_t
 #include "ember/backend/cuda/kernels/softmax.cuh"  // SumOp, MaxOp, group_reduce
 
@@ -355,27 +356,27 @@ inline dim3 attention_grid(int64_t bh, int64_t n, int sm_count) {
   return dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by));
 }
 
-inline void launch_attention_forward(const AttentionArgs& args, const void* q, const void* k, const void* v,
-                                     const void* mask, void* out, void* lse, int device, int sm_count,
-                                     cudaStream_t stream) {
-  attention_dispatch(args, device, [&](auto tag, auto e) {
+inline void launch_attention_forward(const LaunchContext& c, const AttentionArgs& args, const void* q,
+                                     const void* k, const void* v, const void* mask, void* out, void* lse) {
+  DeviceGuard g(c.device);
+  attention_dispatch(args, c.device, [&](auto tag, auto e) {
     using T = decltype(tag);
     constexpr int E = decltype(e)::value;
     if (args.bh <= 0 || args.L <= 0) return;
     AttentionArgs a = args;
     if (a.mask_group < 1) a.mask_group = 1;
-    attention_forward_kernel<T, E><<<attention_grid(a.bh, a.L, sm_count), kAttnThreads, 0, stream>>>(
+    attention_forward_kernel<T, E><<<attention_grid(a.bh, a.L, c.sm_count), kAttnThreads, 0, c.stream>>>(
         a, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
         static_cast<const T*>(mask), static_cast<T*>(out), static_cast<norm_stat_t<T>*>(lse));
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
 
-inline void launch_attention_backward(const AttentionArgs& args, const void* q, const void* k, const void* v,
-                                      const void* mask, const void* out, const void* lse, const void* gout,
-                                      void* delta, void* gq, void* gk, void* gv, int device, int sm_count,
-                                      cudaStream_t stream) {
-  attention_dispatch(args, device, [&](auto tag, auto e) {
+inline void launch_attention_backward(const LaunchContext& c, const AttentionArgs& args, const void* q,
+                                      const void* k, const void* v, const void* mask, const void* out,
+                                      const void* lse, const void* gout, void* delta, void* gq, void* gk, void* gv) {
+  DeviceGuard g(c.device);
+  attention_dispatch(args, c.device, [&](auto tag, auto e) {
     using T = decltype(tag);
     using S = norm_stat_t<T>;
     constexpr int E = decltype(e)::value;
@@ -390,12 +391,12 @@ inline void launch_attention_backward(const AttentionArgs& args, const void* q, 
     const T* gt = static_cast<const T*>(gout);
     S* dt = static_cast<S*>(delta);
     if (a.L > 0) {  // gq (0 when S == 0) and delta
-      attention_backward_q_kernel<T, E><<<attention_grid(a.bh, a.L, sm_count), kAttnThreads, 0, stream>>>(
+      attention_backward_q_kernel<T, E><<<attention_grid(a.bh, a.L, c.sm_count), kAttnThreads, 0, c.stream>>>(
           a, qt, kt, vt, mt, static_cast<const T*>(out), lt, gt, dt, static_cast<T*>(gq));
       EMBER_CUDA_CHECK_LAUNCH();
     }
     if (a.S > 0) {  // gk and gv (0 when L == 0); after A on the same stream: delta is ready
-      attention_backward_kv_kernel<T, E><<<attention_grid(a.bh, a.S, sm_count), kAttnThreads, 0, stream>>>(
+      attention_backward_kv_kernel<T, E><<<attention_grid(a.bh, a.S, c.sm_count), kAttnThreads, 0, c.stream>>>(
           a, qt, kt, vt, mt, lt, gt, dt, static_cast<T*>(gk), static_cast<T*>(gv));
       EMBER_CUDA_CHECK_LAUNCH();
     }

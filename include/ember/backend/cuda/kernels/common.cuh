@@ -9,10 +9,9 @@
 #include <cstdint>
 #include <type_traits>
 
-// core/backend.hpp first: it includes the CPU backend, which needs elementwise_math.hpp complete.
-#include "ember/core/backend_registry.hpp"
 #include "ember/backend/cuda/runtime.hpp"
 #include "ember/backend/elementwise_math.hpp"
+#include "ember/core/backend.hpp"
 #include "ember/core/dtype.hpp"
 #include "ember/core/random.hpp"
 
@@ -28,10 +27,9 @@ struct alignas(16) Pack {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Arithmetic type of a kernel, as on the CPU (cpu::calc_t): float for the 16-bit floats, double
-// for the integers, T itself for float and double.
-template <class T>
-using calc_t = std::conditional_t<std::is_integral_v<T>, double, compute_t<T>>;
+// Arithmetic type of a kernel, the CPU's (backend/elementwise_math.hpp): float for the 16-bit
+// floats, double for the integers, T itself for float and double.
+using ::ember::math::calc_t;
 
 // double -> integer as the CPU reference does it on x86-64 (g++ emits cvttsd2si): truncation, and
 // the "integer indefinite" value (INT_MIN) for NaN and out-of-range values; uint8 goes through

@@ -5,7 +5,10 @@
 // smoothing) the weighted sum of logits; backward recomputes p = exp(x - lse). Sums in float
 // (double for fp64).
 #if defined(__CUDACC__)
+#include <type_traits>
+
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 #include "ember/backend/cuda/kernels/norm.cuh"
 #include "ember/backend/cuda/kernels/softmax.cuh"
 
@@ -95,6 +98,44 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ x, const int
       out[c] = from_calc<T>(o);
     }
   }
+}
+
+// The kernel table's cross_entropy_forward and cross_entropy_backward (floating dtypes), with
+// softmax's launch geometry: launch(T{}, kBlock, geometry) queues the kernel, kBlock an
+// integral_constant: a block per row (true) or a warp per row.
+template <class F>
+inline void launch_cross_entropy(const LaunchContext& c, const CrossEntropyArgs& a, const char* op, F&& launch) {
+  dispatch_floating(a.dtype, op, c.device, [&](auto tag) {
+    if (a.rows <= 0 || a.classes <= 0) return;
+    DeviceGuard g(c.device);
+    const SoftmaxLaunch l = softmax_launch(a.rows, a.classes, c.sm_count);
+    if (l.block_per_row)
+      launch(tag, std::true_type{}, l);
+    else
+      launch(tag, std::false_type{}, l);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+inline void launch_cross_entropy_forward(const LaunchContext& c, const CrossEntropyArgs& a, const void* x,
+                                         const int64_t* target, const void* w, void* loss, void* lse, void* wt) {
+  launch_cross_entropy(c, a, "cross_entropy", [&](auto tag, auto block, const SoftmaxLaunch& l) {
+    using T = decltype(tag);
+    cross_entropy_forward_kernel<T, decltype(block)::value><<<l.grid, l.threads, 0, c.stream>>>(
+        static_cast<const T*>(x), target, static_cast<const T*>(w), static_cast<T*>(loss),
+        static_cast<norm_stat_t<T>*>(lse), static_cast<T*>(wt), a.rows, a.classes, a.ignore_index,
+        a.label_smoothing);
+  });
+}
+inline void launch_cross_entropy_backward(const LaunchContext& c, const CrossEntropyArgs& a, const void* x,
+                                          const int64_t* target, const void* w, const void* lse, const void* gloss,
+                                          void* gx) {
+  launch_cross_entropy(c, a, "cross_entropy_backward", [&](auto tag, auto block, const SoftmaxLaunch& l) {
+    using T = decltype(tag);
+    cross_entropy_backward_kernel<T, decltype(block)::value><<<l.grid, l.threads, 0, c.stream>>>(
+        static_cast<const T*>(x), target, static_cast<const T*>(w), static_cast<const norm_stat_t<T>*>(lse),
+        static_cast<const T*>(gloss), static_cast<T*>(gx), a.rows, a.classes, a.ignore_index, a.label_smoothing);
+  });
 }
 
 }  // namespace

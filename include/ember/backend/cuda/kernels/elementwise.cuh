@@ -5,8 +5,16 @@
 // bit-equality matters (random numbers, fills, conversions). Elsewhere nvcc may contract a multiply
 // and an add of the shared formulas into one FMA (its default), so results such as GELU or its
 // derivative can differ from the CPU in the last bits; the parity tests allow for that.
+//
+// The launch_* functions at the end are the kernel table's fill, arange, cast, random_uniform,
+// random_normal, unary, unary_backward, binary, compare, where, strided_copy and nonfinite_check.
 #if defined(__CUDACC__)
+#include <cstring>
+#include <type_traits>
+
+#include "ember/backend/cuda/device_copy.hpp"
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 
 namespace ember::cuda_impl {
 namespace {
@@ -210,6 +218,158 @@ __global__ void nonfinite_kernel(const T* __restrict__ x, int64_t n, uint8_t* fl
     bad |= !(v - v == C(0));  // false for inf and nan
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+// ---------------------------------------------------------------- launches
+// fill: the value converted on the host exactly as the CPU converts it, then stored as bits (a
+// memset when they are all zero).
+inline void launch_fill(const LaunchContext& c, DType t, void* dst, int64_t n, double value) {
+  if (n <= 0) return;
+  DeviceGuard g(c.device);
+  dispatch_all(t, [&](auto tag) {
+    using T = decltype(tag);
+    using B = typename BitsOf<sizeof(T)>::type;
+    const T v = ::ember::math::from_calc<T>(static_cast<calc_t<T>>(value));  // converted exactly as the CPU does
+    B bits;
+    std::memcpy(&bits, &v, sizeof(T));
+    if (bits == 0) {
+      EMBER_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(n) * sizeof(T), c.stream));
+    } else {
+      fill_kernel<B><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(static_cast<B*>(dst), n, bits);
+      EMBER_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+inline void launch_arange(const LaunchContext& c, DType t, void* dst, int64_t n, double start, double step) {
+  launch_typed<Elements::All>(c, t, n, "arange", [&](auto tag) {
+    using T = decltype(tag);
+    arange_kernel<T><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(static_cast<T*>(dst), n, start, step);
+  });
+}
+
+// The same dtype on both sides is a copy.
+inline void launch_cast(const LaunchContext& c, DType st, const void* src, DType dt, void* dst, int64_t n) {
+  if (n <= 0) return;
+  if (st == dt) {
+    ::ember::cuda::copy_device(c, dst, src, static_cast<size_t>(n) * dtype_size(st));
+    return;
+  }
+  launch_typed<Elements::All>(c, st, n, "cast", [&](auto s) {
+    dispatch_all(dt, [&](auto d) {
+      using S = decltype(s);
+      using D = decltype(d);
+      if constexpr (!std::is_same_v<S, D>)
+        cast_kernel<S, D><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(static_cast<const S*>(src),
+                                                                              static_cast<D*>(dst), n);
+    });
+  });
+}
+
+// One thread per Philox block of four elements.
+inline void launch_random_uniform(const LaunchContext& c, DType t, void* dst, int64_t n, uint64_t seed,
+                                  uint64_t offset, double lo, double hi) {
+  launch_typed<Elements::All>(c, t, n, "random_uniform", [&](auto tag) {
+    using T = decltype(tag);
+    random_uniform_kernel<T><<<grid_for((n + 3) / 4, c.sm_count), kThreads, 0, c.stream>>>(
+        static_cast<T*>(dst), n, seed, offset, lo, hi - lo);
+  });
+}
+inline void launch_random_normal(const LaunchContext& c, DType t, void* dst, int64_t n, uint64_t seed,
+                                 uint64_t offset, double mean, double stddev) {
+  launch_typed<Elements::All>(c, t, n, "random_normal", [&](auto tag) {
+    using T = decltype(tag);
+    random_normal_kernel<T><<<grid_for((n + 3) / 4, c.sm_count), kThreads, 0, c.stream>>>(
+        static_cast<T*>(dst), n, seed, offset, mean, stddev);
+  });
+}
+
+// The packed kernel when both pointers are 16-byte aligned.
+inline void launch_unary(const LaunchContext& c, UnaryOp op, DType t, const void* x, void* out, int64_t n, double a,
+                         double b) {
+  launch_typed<Elements::All>(c, t, n, "unary", [&](auto tag) {
+    using T = decltype(tag);
+    using C = calc_t<T>;
+    if (aligned16(x) && aligned16(out))
+      unary_dense_kernel<T><<<grid_for(n / Pack<T>::kSize + 1, c.sm_count), kThreads, 0, c.stream>>>(
+          op, static_cast<const T*>(x), static_cast<T*>(out), n, static_cast<C>(a), static_cast<C>(b));
+    else
+      unary_kernel<T><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(
+          op, static_cast<const T*>(x), static_cast<T*>(out), n, static_cast<C>(a), static_cast<C>(b));
+  });
+}
+inline void launch_unary_backward(const LaunchContext& c, UnaryOp op, DType t, const void* x, const void* y,
+                                  const void* gy, void* gx, int64_t n, double a, double b) {
+  launch_typed<Elements::All>(c, t, n, "unary_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = calc_t<T>;
+    unary_backward_kernel<T><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(
+        op, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), n,
+        static_cast<C>(a), static_cast<C>(b));
+  });
+}
+
+// The broadcasting kernels index through the coalesced view of `args` (common.cuh).
+inline void launch_binary(const LaunchContext& c, BinaryOp op, DType t, const void* a, const void* b, void* out,
+                          const StridedArgs& args) {
+  const int64_t n = args.numel();
+  launch_typed<Elements::All>(c, t, n, "binary", [&](auto tag) {
+    using T = decltype(tag);
+    const Strided s = coalesce(args, 2);
+    // One dense dimension, each input dense or a broadcast element, aligned: the packed kernel.
+    const bool one_dim = s.ndim == 1 && (s.stride[0][0] == 0 || s.stride[0][0] == 1) &&
+                         (s.stride[1][0] == 0 || s.stride[1][0] == 1);
+    const bool a_scalar = one_dim && s.stride[0][0] == 0, b_scalar = one_dim && s.stride[1][0] == 0;
+    if (one_dim && (a_scalar || aligned16(a)) && (b_scalar || aligned16(b)) && aligned16(out))
+      binary_dense_kernel<T><<<grid_for(n / Pack<T>::kSize + 1, c.sm_count), kThreads, 0, c.stream>>>(
+          op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, a_scalar, b_scalar);
+    else
+      binary_kernel<T><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(
+          op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), s, n);
+  });
+}
+inline void launch_compare(const LaunchContext& c, CompareOp op, DType t, const void* a, const void* b, uint8_t* out,
+                           const StridedArgs& args) {
+  const int64_t n = args.numel();
+  launch_typed<Elements::All>(c, t, n, "compare", [&](auto tag) {
+    using T = decltype(tag);
+    compare_kernel<T><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(
+        op, static_cast<const T*>(a), static_cast<const T*>(b), out, coalesce(args, 2), n);
+  });
+}
+inline void launch_where(const LaunchContext& c, DType t, const uint8_t* cond, const void* a, const void* b,
+                         void* out, const StridedArgs& args) {
+  const int64_t n = args.numel();
+  launch_typed<Elements::Bits>(c, t, n, "where", [&](auto tag) {
+    using B = decltype(tag);
+    where_kernel<B><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(
+        cond, static_cast<const B*>(a), static_cast<const B*>(b), static_cast<B*>(out), coalesce(args, 3), n);
+  });
+}
+// What is already contiguous is a copy.
+inline void launch_strided_copy(const LaunchContext& c, DType t, const void* src, void* out,
+                                const StridedArgs& args) {
+  const int64_t n = args.numel();
+  if (n <= 0) return;
+  const Strided s = coalesce(args, 1);
+  if (s.ndim <= 1 && (s.ndim == 0 || s.stride[0][0] == 1)) {  // already contiguous
+    ::ember::cuda::copy_device(c, out, src, static_cast<size_t>(n) * dtype_size(t));
+    return;
+  }
+  launch_typed<Elements::Bits>(c, t, n, "strided_copy", [&](auto tag) {
+    using B = decltype(tag);
+    strided_copy_kernel<B><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(static_cast<const B*>(src),
+                                                                               static_cast<B*>(out), s, n);
+  });
+}
+
+// Integers are always finite (as on the CPU): nothing to check.
+inline void launch_nonfinite_check(const LaunchContext& c, DType t, const void* x, int64_t n, uint8_t* flag) {
+  if (!is_floating(t)) return;
+  launch_typed<Elements::Floating>(c, t, n, "nonfinite_check", [&](auto tag) {
+    using T = decltype(tag);
+    nonfinite_kernel<T><<<grid_for(n, c.sm_count), kThreads, 0, c.stream>>>(static_cast<const T*>(x), n, flag);
+  });
 }
 
 }  // namespace

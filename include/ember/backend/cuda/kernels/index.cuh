@@ -4,6 +4,7 @@
 // Semantics of backend/cpu/index.hpp; indices are int64 and already validated by the ops.
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 
 namespace ember::cuda_impl {
 namespace {
@@ -120,6 +121,36 @@ __global__ void scatter_add_kernel(const T* __restrict__ gy, const int64_t* __re
   for_each_3d(total, idx_n, inner, [&](int64_t k, int64_t o, int64_t, int64_t i) {
     atomic_add(gx + (o * src_n + idx[k]) * inner + i, gy[k]);
   });
+}
+
+// The kernel table's index_select, index_add, gather and scatter_add: the four kernels take the
+// same arguments, one thread per element of the [outer, idx_n, inner] side. The selections move
+// elements (by size), the accumulations add in the dtype.
+enum class IndexKernel { Select, Add, Gather, ScatterAdd };
+
+inline void launch_index(const LaunchContext& c, IndexKernel which, DType t, const void* src, const int64_t* idx,
+                         void* dst, int64_t outer, int64_t src_n, int64_t idx_n, int64_t inner) {
+  const int64_t total = outer * idx_n * inner;
+  // kernel: the instance of one of the four kernels for the element type E.
+  auto launch = [&](auto tag, auto kernel) {
+    using E = decltype(tag);
+    kernel<<<grid_for(total, c.sm_count), kThreads, 0, c.stream>>>(static_cast<const E*>(src), idx,
+                                                                    static_cast<E*>(dst), src_n, idx_n, inner, total);
+  };
+  switch (which) {
+    case IndexKernel::Select:
+      return launch_typed<Elements::Bits>(c, t, total, "index_select",
+                                          [&](auto tag) { launch(tag, index_select_kernel<decltype(tag)>); });
+    case IndexKernel::Add:
+      return launch_typed<Elements::All>(c, t, total, "index_add",
+                                         [&](auto tag) { launch(tag, index_add_kernel<decltype(tag)>); });
+    case IndexKernel::Gather:
+      return launch_typed<Elements::Bits>(c, t, total, "gather",
+                                          [&](auto tag) { launch(tag, gather_kernel<decltype(tag)>); });
+    case IndexKernel::ScatterAdd:
+      return launch_typed<Elements::All>(c, t, total, "scatter_add",
+                                         [&](auto tag) { launch(tag, scatter_add_kernel<decltype(tag)>); });
+  }
 }
 
 }  // namespace

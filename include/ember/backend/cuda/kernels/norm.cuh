@@ -9,6 +9,7 @@
 // (double for fp64).
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 #include "ember/backend/cuda/kernels/softmax.cuh"
 
 namespace ember::cuda_impl {
@@ -342,6 +343,72 @@ inline int64_t norm_param_grad_chunk(int64_t rows, int64_t cols, int sm_count) {
   if (chunks > 65535) chunks = 65535;
   if (chunks < 1) chunks = 1;
   return (rows + chunks - 1) / chunks;
+}
+
+// gw and gb (either may be null; zeros when there are no rows): one pass of norm_param_grad_kernel
+// when the rows fit one chunk, else partial sums per chunk in scratch memory and the finishing pass.
+template <class T>
+inline void launch_norm_param_grad(const LaunchContext& c, const NormArgs& a, const T* xt,
+                                   const norm_stat_t<T>* mt, const norm_stat_t<T>* rt, const T* gyt, void* gw,
+                                   void* gb) {
+  using C = calc_t<T>;
+  const unsigned blocks = static_cast<unsigned>((a.cols + kNormColThreads - 1) / kNormColThreads);
+  const int64_t chunk = a.rows > 0 ? norm_param_grad_chunk(a.rows, a.cols, c.sm_count) : 1;
+  const int64_t chunks = a.rows > 0 ? (a.rows + chunk - 1) / chunk : 1;
+  const dim3 grid(blocks, static_cast<unsigned>(chunks)), block(kNormColThreads, kNormRowPhases);
+  if (chunks == 1) {
+    norm_param_grad_kernel<T><<<grid, block, 0, c.stream>>>(xt, mt, rt, gyt, static_cast<T*>(gw),
+                                                            static_cast<T*>(gb), nullptr, nullptr, a.rows, a.cols,
+                                                            chunk, a.rms);
+    EMBER_CUDA_CHECK_LAUNCH();
+  } else {
+    const size_t bytes = static_cast<size_t>(2 * chunks * a.cols) * sizeof(C);
+    C* pw = static_cast<C*>(c.scratch(bytes));
+    C* pb = pw + chunks * a.cols;
+    norm_param_grad_kernel<T><<<grid, block, 0, c.stream>>>(xt, mt, rt, gyt, nullptr, nullptr, pw, pb, a.rows,
+                                                            a.cols, chunk, a.rms);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+      norm_param_grad_finish_kernel<T><<<grid_for(a.cols, c.sm_count), kThreads, 0, c.stream>>>(
+          pw, pb, static_cast<T*>(gw), static_cast<T*>(gb), chunks, a.cols);
+      e = cudaGetLastError();
+    }
+    c.release(pw, bytes);
+    ::ember::cuda::internal::check_cuda(e, "norm_param_grad kernel launch", __FILE__, __LINE__);
+  }
+}
+
+// The kernel table's norm_forward and norm_backward: the typed launches above for a floating dtype.
+inline void launch_norm_forward(const LaunchContext& c, const NormArgs& a, const void* x, const void* w,
+                                const void* b, void* y, void* mean, void* rstd) {
+  dispatch_floating(a.dtype, a.rms ? "rms_norm" : "layer_norm", c.device, [&](auto tag) {
+    using T = decltype(tag);
+    using S = norm_stat_t<T>;
+    if (a.rows <= 0 || a.cols <= 0) return;
+    DeviceGuard g(c.device);
+    launch_norm_forward<T>(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
+                           static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd), a.rows, a.cols, a.eps,
+                           a.rms, c.sm_count, c.stream);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+inline void launch_norm_backward(const LaunchContext& c, const NormArgs& a, const void* x, const void* w,
+                                 const void* mean, const void* rstd, const void* gy, void* gx, void* gw, void* gb) {
+  dispatch_floating(a.dtype, a.rms ? "rms_norm_backward" : "layer_norm_backward", c.device, [&](auto tag) {
+    using T = decltype(tag);
+    using S = norm_stat_t<T>;
+    if (a.cols <= 0) return;
+    DeviceGuard g(c.device);
+    if (a.rows > 0) {
+      launch_norm_backward<T>(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const S*>(mean),
+                              static_cast<const S*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), a.rows,
+                              a.cols, a.rms, c.sm_count, c.stream);
+      EMBER_CUDA_CHECK_LAUNCH();
+    }
+    if (gw || gb)
+      launch_norm_param_grad<T>(c, a, static_cast<const T*>(x), static_cast<const S*>(mean),
+                                static_cast<const S*>(rstd), static_cast<const T*>(gy), gw, gb);
+  });
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 
 namespace ember::cuda_impl {
 namespace {
@@ -226,8 +227,10 @@ __global__ void rmsprop_step_kernel(RmspropScalars<S> s, int64_t n, P* __restric
 // come before the n == 0 return, as on the CPU. `launch` is called as
 // launch.template operator()<P, G, S>().
 template <class Launch>
-void dispatch_optim_step(const char* op, DType state, DType param, DType grad, int64_t n, int device,
+void dispatch_optim_step(const LaunchContext& c, const char* op, DType state, DType param, DType grad, int64_t n,
                          Launch&& launch) {
+  const int device = c.device;
+  DeviceGuard g(device);
   if (state != DType::Float32 && state != DType::Float64)
     throw DTypeError(::ember::detail::str_cat(op, ": the state is float32 or float64, got ", dtype_name(state),
                                               " on cuda:", device));
@@ -252,12 +255,12 @@ void dispatch_optim_step(const char* op, DType state, DType param, DType grad, i
     with_state(float{});
 }
 
-inline void launch_adam_step(const AdamStepArgs& a, void* param, void* grad, void* exp_avg,
-                             void* exp_avg_sq, void* max_exp_avg_sq, int device, unsigned grid,
-                             cudaStream_t stream) {
-  dispatch_optim_step("adam_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
+inline void launch_adam_step(const LaunchContext& c, const AdamStepArgs& a, void* param, void* grad,
+                             void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq) {
+  const unsigned grid = grid_for(a.n, c.sm_count);
+  dispatch_optim_step(c, "adam_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n,
                       [&]<class P, class G, class S>() {
-                        adam_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
+                        adam_step_kernel<P, G, S><<<grid, kThreads, 0, c.stream>>>(
                             adam_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<G*>(grad),
                             a.grad_unscale != 1.0, static_cast<calc_t<G>>(a.grad_unscale),
                             static_cast<S*>(exp_avg), static_cast<S*>(exp_avg_sq),
@@ -265,23 +268,24 @@ inline void launch_adam_step(const AdamStepArgs& a, void* param, void* grad, voi
                       });
 }
 
-inline void launch_sgd_step(const SgdStepArgs& a, void* param, void* grad, void* momentum_buffer,
-                            int device, unsigned grid, cudaStream_t stream) {
-  dispatch_optim_step("sgd_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
+inline void launch_sgd_step(const LaunchContext& c, const SgdStepArgs& a, void* param, void* grad,
+                            void* momentum_buffer) {
+  const unsigned grid = grid_for(a.n, c.sm_count);
+  dispatch_optim_step(c, "sgd_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n,
                       [&]<class P, class G, class S>() {
-                        sgd_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
+                        sgd_step_kernel<P, G, S><<<grid, kThreads, 0, c.stream>>>(
                             sgd_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<G*>(grad),
                             a.grad_unscale != 1.0, static_cast<calc_t<G>>(a.grad_unscale),
                             static_cast<S*>(momentum_buffer));
                       });
 }
 
-inline void launch_rmsprop_step(const RmspropStepArgs& a, void* param, void* grad, void* square_avg,
-                                void* grad_avg, void* momentum_buffer, int device, unsigned grid,
-                                cudaStream_t stream) {
-  dispatch_optim_step("rmsprop_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n, device,
+inline void launch_rmsprop_step(const LaunchContext& c, const RmspropStepArgs& a, void* param, void* grad,
+                                void* square_avg, void* grad_avg, void* momentum_buffer) {
+  const unsigned grid = grid_for(a.n, c.sm_count);
+  dispatch_optim_step(c, "rmsprop_step", a.state_dtype, a.param_dtype, a.grad_dtype, a.n,
                       [&]<class P, class G, class S>() {
-                        rmsprop_step_kernel<P, G, S><<<grid, kThreads, 0, stream>>>(
+                        rmsprop_step_kernel<P, G, S><<<grid, kThreads, 0, c.stream>>>(
                             rmsprop_scalars<S>(a), a.n, static_cast<P*>(param), static_cast<G*>(grad),
                             a.grad_unscale != 1.0, static_cast<calc_t<G>>(a.grad_unscale),
                             static_cast<S*>(square_avg), static_cast<S*>(grad_avg),

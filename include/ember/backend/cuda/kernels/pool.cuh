@@ -4,6 +4,7 @@
 // atomics, deterministic).
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 #include "ember/backend/pool_math.hpp"
 
 namespace ember::cuda_impl {
@@ -111,6 +112,43 @@ __global__ void avg_pool2d_backward_kernel(Pool2dArgs p, const T* gy, T* gx) {
     }
     gx[i] = from_calc<T>(acc);
   }
+}
+
+// The kernel table's pooling entries: one thread per element of the output (forward) or of the
+// input (backward), floating dtypes.
+inline void launch_max_pool2d_forward(const LaunchContext& c, const Pool2dArgs& p, const void* x, void* y,
+                                      int64_t* indices) {
+  const int64_t total = p.n * p.c * p.out_h * p.out_w;
+  launch_typed<Elements::Floating>(c, p.dtype, total, "max_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool2d_forward_kernel<T><<<grid_for(total, c.sm_count), kThreads, 0, c.stream>>>(
+        p, static_cast<const T*>(x), static_cast<T*>(y), indices);
+  });
+}
+inline void launch_max_pool2d_backward(const LaunchContext& c, const Pool2dArgs& p, const void* gy,
+                                       const int64_t* indices, void* gx) {
+  const int64_t total = p.n * p.c * p.h * p.w;
+  launch_typed<Elements::Floating>(c, p.dtype, total, "max_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool2d_backward_kernel<T><<<grid_for(total, c.sm_count), kThreads, 0, c.stream>>>(
+        p, static_cast<const T*>(gy), indices, static_cast<T*>(gx));
+  });
+}
+inline void launch_avg_pool2d_forward(const LaunchContext& c, const Pool2dArgs& p, const void* x, void* y) {
+  const int64_t total = p.n * p.c * p.out_h * p.out_w;
+  launch_typed<Elements::Floating>(c, p.dtype, total, "avg_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    avg_pool2d_forward_kernel<T><<<grid_for(total, c.sm_count), kThreads, 0, c.stream>>>(
+        p, static_cast<const T*>(x), static_cast<T*>(y));
+  });
+}
+inline void launch_avg_pool2d_backward(const LaunchContext& c, const Pool2dArgs& p, const void* gy, void* gx) {
+  const int64_t total = p.n * p.c * p.h * p.w;
+  launch_typed<Elements::Floating>(c, p.dtype, total, "avg_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    avg_pool2d_backward_kernel<T><<<grid_for(total, c.sm_count), kThreads, 0, c.stream>>>(
+        p, static_cast<const T*>(gy), static_cast<T*>(gx));
+  });
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 // [outer, splits, inner], and the same kernel reduces those.
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 
 namespace ember::cuda_impl {
 namespace {
@@ -155,12 +156,13 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_warp_kernel(const In* __
   }
 }
 
-// Host side: picks the block shape and the split of n, and launches one or two passes.
-// `workspace(bytes)` returns device memory valid until the stream reaches the end of this call's
-// work, `release(p, bytes)` gives it back in stream order.
-template <class R, class T, class Alloc, class Free>
-void launch_reduce(const T* x, typename R::Out* out, int64_t outer, int64_t n, int64_t inner, const R& r,
-                   int sm_count, cudaStream_t stream, Alloc&& workspace, Free&& release) {
+// Host side: picks the block shape and the split of n, and launches one or two passes (the
+// partial states of the first in the context's scratch memory).
+template <class R, class T>
+void launch_reduce_with(const LaunchContext& c, const T* x, typename R::Out* out, int64_t outer, int64_t n,
+                        int64_t inner, const R& r) {
+  const int sm_count = c.sm_count;
+  const cudaStream_t stream = c.stream;
   using State = typename R::State;
   using Out = typename R::Out;
   if (outer == 0 || inner == 0) return;
@@ -197,7 +199,7 @@ void launch_reduce(const T* x, typename R::Out* out, int64_t outer, int64_t n, i
   const int64_t chunk = (n + splits - 1) / splits;
   splits = (n + chunk - 1) / chunk;
   const size_t bytes = static_cast<size_t>(outer * splits * inner) * sizeof(State);
-  State* partial = static_cast<State*>(workspace(bytes));
+  State* partial = static_cast<State*>(c.scratch(bytes));
   reduce_kernel<R, T, State, false><<<dim3(grid_x, static_cast<unsigned>(splits)), block, 0, stream>>>(
       x, partial, outer, n, inner, tiles_i, chunk, r);
   cudaError_t e = cudaGetLastError();
@@ -206,8 +208,40 @@ void launch_reduce(const T* x, typename R::Out* out, int64_t outer, int64_t n, i
                                                                                tiles_i, splits, r);
     e = cudaGetLastError();
   }
-  release(partial, bytes);
+  c.release(partial, bytes);
   ::ember::cuda::internal::check_cuda(e, "reduce kernel launch", __FILE__, __LINE__);
+}
+
+// The kernel table's reduce: the reducer of `op` for the dtype.
+inline void launch_reduce(const LaunchContext& c, ReduceOp op, DType t, const void* x, void* out, int64_t outer,
+                          int64_t n, int64_t inner) {
+  if (outer <= 0 || inner <= 0) return;
+  DeviceGuard g(c.device);
+  dispatch_all(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xt = static_cast<const T*>(x);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean: {
+        const SumReducer<T> r{op == ReduceOp::Mean ? 1.0 / static_cast<double>(n) : 1.0};
+        launch_reduce_with(c, xt, static_cast<T*>(out), outer, n, inner, r);
+        return;
+      }
+      case ReduceOp::Max:
+      case ReduceOp::Min: {
+        const MaxMinReducer<T> r{op == ReduceOp::Max};
+        launch_reduce_with(c, xt, static_cast<T*>(out), outer, n, inner, r);
+        return;
+      }
+      case ReduceOp::ArgMax:
+      case ReduceOp::ArgMin: {
+        const ArgReducer<T> r{op == ReduceOp::ArgMax};
+        launch_reduce_with(c, xt, static_cast<int64_t*>(out), outer, n, inner, r);
+        return;
+      }
+    }
+    throw ValueError(::ember::detail::str_cat("reduce: unknown op ", static_cast<int>(op), " on cuda:", c.device));
+  });
 }
 
 }  // namespace

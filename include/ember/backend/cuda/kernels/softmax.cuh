@@ -8,6 +8,7 @@
 // and PyTorch's 141 (2026-12-04). Sums accumulate in float (double for fp64). Floating types only.
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
+#include "ember/backend/cuda/kernels/launch.cuh"
 
 namespace ember::cuda_impl {
 namespace {
@@ -166,6 +167,29 @@ inline void launch_softmax_backward(const T* y, const T* gy, T* gx, int64_t rows
   } else {
     softmax_backward_kernel<T, false><<<l.grid, l.threads, 0, stream>>>(y, gy, gx, rows, cols, log);
   }
+}
+
+// The kernel table's softmax and softmax_backward: the typed launches above for a floating dtype.
+inline void launch_softmax_forward(const LaunchContext& c, DType t, const void* x, void* y, int64_t rows,
+                                   int64_t cols, bool log) {
+  dispatch_floating(t, log ? "log_softmax" : "softmax", c.device, [&](auto tag) {
+    using T = decltype(tag);
+    if (rows <= 0 || cols <= 0) return;
+    DeviceGuard g(c.device);
+    launch_softmax_forward<T>(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, log, c.sm_count, c.stream);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+inline void launch_softmax_backward(const LaunchContext& c, DType t, const void* y, const void* gy, void* gx,
+                                    int64_t rows, int64_t cols, bool log) {
+  dispatch_floating(t, log ? "log_softmax_backward" : "softmax_backward", c.device, [&](auto tag) {
+    using T = decltype(tag);
+    if (rows <= 0 || cols <= 0) return;
+    DeviceGuard g(c.device);
+    launch_softmax_backward<T>(static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), rows, cols,
+                               log, c.sm_count, c.stream);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace
