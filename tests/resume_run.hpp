@@ -1,6 +1,6 @@
 #pragma once
 // The training run that the exact-resume tests of train::CheckpointManager stop and resume
-// (test_checkpoint_manager.cpp on the CPU with save; test_checkpoint_gpu.cpp on cuda:0 with
+// (test_checkpoint_manager.cpp on the CPU with save; test_checkpoint_manager_gpu.cpp on cuda:0 with
 // save_async): dropout, AdamW, warmup-cosine, an fp16 GradScaler, gradient accumulation and a
 // shuffled sampler, so that every piece of state a checkpoint holds changes the result.
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// Anomaly detection (autograd::detect_anomaly, issue 14): forward outputs and backward gradients
+// Anomaly detection (autograd::detect_anomaly): forward outputs and backward gradients
 // checked for non-finite values, the error naming the op, the module path and, in backward, the
 // forward op that created the node; off by default.
 #include <catch2/catch.hpp>
@@ -65,6 +65,21 @@ TEST_CASE("anomaly: a NaN output in forward names the op", "[anomaly]") {
   // ... and are rejected when asked.
   autograd::detect_anomaly strict(true);
   CHECK_THROWS_WITH(log(z), Contains("op 'log' returned inf values"));
+}
+
+TEST_CASE("anomaly: nn::recompute's node checks its outputs, also when no argument requires grad", "[anomaly]") {
+  // The function runs under NoGradGuard in forward (its ops record nothing), so the check is the
+  // one autograd::record makes for the recompute node itself.
+  auto w = Tensor<double>::from_vector({1.0, 1.0}, Shape{2}).set_requires_grad(true);
+  auto fn = [w](const Tensor<double>& t) { return log(t * w); };
+  autograd::detect_anomaly guard;
+  for (bool input_requires_grad : {true, false}) {
+    INFO("input requires grad: " << input_requires_grad);
+    auto x = Tensor<double>::from_vector({-1.0, 2.0}, Shape{2}).set_requires_grad(input_requires_grad);
+    CHECK_THROWS_WITH(nn::recompute(fn, x), Contains("op 'RecomputeBackward' returned nan values"));
+    auto positive = Tensor<double>::from_vector({1.0, 2.0}, Shape{2}).set_requires_grad(input_requires_grad);
+    CHECK(nn::recompute(fn, positive).grad_fn_name() == "RecomputeBackward");
+  }
 }
 
 TEST_CASE("anomaly: the forward error names the module path", "[anomaly]") {

@@ -249,6 +249,55 @@ TEST_CASE("custom ops recorded with autograd::record", "[autograd][custom]") {
             .ok);
 }
 
+TEST_CASE("record with RecordWhen::GradEnabled records a node whose inputs need no grad", "[autograd][custom]") {
+  // As nn::recompute does: the node's backward reaches a leaf (w) that is not among its inputs.
+  auto w = Tensor<double>::from_vector({3.0, 4.0}).set_requires_grad();
+  auto x = Tensor<double>::from_vector({1.0, 2.0});  // data: no grad
+  std::vector<double> received;
+  auto scaled = [&](autograd::RecordWhen when) {
+    AnyTensor y;
+    {
+      NoGradGuard ng;
+      y = op::mul(x, 2.0);
+    }
+    AnyTensor saved_x = x.detach();
+    autograd::record(
+        "ScaleIntoW", {x}, {y},
+        [&received, saved_x, w](const std::vector<AnyTensor>& g) {
+          received = g[0].to_double_vector();
+          AnyTensor gw = op::mul(g[0], saved_x);  // as if y depended on w: dy/dw = x
+          autograd::backward({AnyTensor(w)}, {gw});
+          return std::vector<AnyTensor>{AnyTensor()};
+        },
+        when);
+    return y;
+  };
+
+  AnyTensor plain = scaled(autograd::RecordWhen::InputRequiresGrad);
+  CHECK_FALSE(plain.requires_grad());
+  CHECK(plain.grad_fn() == nullptr);
+
+  AnyTensor y = scaled(autograd::RecordWhen::GradEnabled);
+  REQUIRE(y.grad_fn() != nullptr);
+  CHECK(y.grad_fn_name() == "ScaleIntoW");
+  REQUIRE(y.grad_fn()->next.size() == 1);
+  CHECK_FALSE(y.grad_fn()->next[0].valid());  // x requires no grad: no edge
+  CHECK(y.to_double_vector() == std::vector<double>{2.0, 4.0});
+  y.backward(AnyTensor(Tensor<double>::from_vector({1.0, 10.0})));
+  CHECK(received == std::vector<double>{1.0, 10.0});
+  CHECK(w.grad().to_vector() == std::vector<double>{1.0, 20.0});
+  CHECK_FALSE(x.grad().defined());
+
+  {
+    NoGradGuard no_grad;  // grad mode off: nothing is recorded either way
+    CHECK(scaled(autograd::RecordWhen::GradEnabled).grad_fn() == nullptr);
+  }
+  {
+    InferenceModeGuard inference;
+    CHECK(scaled(autograd::RecordWhen::GradEnabled).grad_fn() == nullptr);
+  }
+}
+
 TEST_CASE("gradcheck harness: a deliberately wrong backward fails it (negative control)", "[autograd][gradcheck]") {
   auto wrong = [](const AnyTensor& x) {
     AnyTensor y;

@@ -307,29 +307,29 @@ TEST_CASE("DataParallel no_sync: local gradients while accumulating, the global 
   }
 }
 
-TEST_CASE("DataParallel with gradient checkpointing and an unused parameter", "[dist]") {
-  // Checkpointed first layer (its gradients arrive in a nested backward after the second
-  // layer's), checkpointed last layer (nested backward first), and an extra unused layer.
+TEST_CASE("DataParallel with recomputation and an unused parameter", "[dist]") {
+  // Recomputed first layer (its gradients arrive in a nested backward after the second
+  // layer's), recomputed last layer (nested backward first), and an extra unused layer.
   struct Net : nn::Module {
     std::shared_ptr<nn::Linear> l1, l2, unused;
-    bool ckpt_first;
-    explicit Net(bool first) : ckpt_first(first) {
+    bool recompute_first;
+    explicit Net(bool first) : recompute_first(first) {
       l1 = register_module("l1", std::make_shared<nn::Linear>(4, 8));
       l2 = register_module("l2", std::make_shared<nn::Linear>(8, 3));
       unused = register_module("unused", std::make_shared<nn::Linear>(2, 2));
     }
     AnyTensor forward_any(const AnyTensor& x) override {
       auto a = l1, b = l2;
-      if (ckpt_first) {
-        AnyTensor h = nn::checkpoint([a](const AnyTensor& v) { return op::tanh(a->forward_any(v)); }, x);
+      if (recompute_first) {
+        AnyTensor h = nn::recompute([a](const AnyTensor& v) { return op::tanh(a->forward_any(v)); }, x);
         return b->forward_any(h);
       }
       AnyTensor h = op::tanh(a->forward_any(x));
-      return nn::checkpoint([b](const AnyTensor& v) { return b->forward_any(v); }, h);
+      return nn::recompute([b](const AnyTensor& v) { return b->forward_any(v); }, h);
     }
   };
   for (bool first : {true, false}) {
-    INFO("checkpoint first layer " << first);
+    INFO("recompute first layer " << first);
     const int world = 2;
     const Data data = make_data(16, 5);
     auto groups = dist::ThreadProcessGroup::create(world);
@@ -746,7 +746,7 @@ TEST_CASE("DataParallel gradient_as_bucket_view: the same gradients and steps as
 }
 
 TEST_CASE("DataParallel gradient_as_bucket_view: a gradient arriving twice in one backward is a clear error", "[dist]") {
-  // l1 is used inside a checkpointed segment and outside it: its gradient arrives first from the
+  // l1 is used inside a recomputed segment and outside it: its gradient arrives first from the
   // outer use (which completes its bucket and starts the all_reduce), then again in the nested
   // backward of the segment's recomputation. The error must come before that second gradient is
   // added into the bucket, which the other ranks are reducing: every rank's .grad ends as the
@@ -756,7 +756,7 @@ TEST_CASE("DataParallel gradient_as_bucket_view: a gradient arriving twice in on
     Net() { l1 = register_module("l1", std::make_shared<nn::Linear>(4, 4)); }
     AnyTensor forward_any(const AnyTensor& x) override {
       auto a = l1;
-      AnyTensor h = nn::checkpoint([a](const AnyTensor& v) { return op::tanh(a->forward_any(v)); }, x);
+      AnyTensor h = nn::recompute([a](const AnyTensor& v) { return op::tanh(a->forward_any(v)); }, x);
       return a->forward_any(h);
     }
   };

@@ -553,17 +553,17 @@ TEST_CASE("InferenceModeGuard: no graph, no saved tensors, GradModeGuard cannot 
     std::thread t([&] { other_records = is_grad_enabled() && !is_inference_mode_enabled(); });
     t.join();
     CHECK(other_records);
-    // Checkpointing inside it is a plain call (nothing recorded).
+    // nn::recompute inside it is a plain call (nothing recorded).
     auto w = Tensor<float>::ones({3}).set_requires_grad();
-    auto y = nn::checkpoint([&](const Tensor<float>& x) { return x * w; }, Tensor<float>::ones({3}));
+    auto y = nn::recompute([&](const Tensor<float>& x) { return x * w; }, Tensor<float>::ones({3}));
     CHECK_FALSE(y.requires_grad());
   }
   CHECK_FALSE(is_inference_mode_enabled());
   CHECK(is_grad_enabled());
-  // A backward run inside inference mode, of a graph made outside it, still works (a checkpoint's
+  // A backward run inside inference mode, of a graph made outside it, still works (nn::recompute's
   // recomputation inside it records).
   auto w = Tensor<float>::full({3}, 2.0).set_requires_grad();
-  auto loss = sum(nn::checkpoint([&](const Tensor<float>& x) { return x * w; }, Tensor<float>::ones({3})));
+  auto loss = sum(nn::recompute([&](const Tensor<float>& x) { return x * w; }, Tensor<float>::ones({3})));
   {
     InferenceModeGuard inference;
     loss.backward();

@@ -579,7 +579,7 @@ TEST_CASE("verdict: each rule on synthetic figures", "[profile][verdict]") {
   CHECK_FALSE(has(f, VerdictKind::MemoryLimit));
   f.peak_bytes = 900;
   CHECK(has(f, VerdictKind::MemoryLimit));
-  CHECK_THAT(profile::verdict(f)[0].message, Contains("mixed precision") && Contains("checkpoint"));
+  CHECK_THAT(profile::verdict(f)[0].message, Contains("mixed precision") && Contains("nn::recompute"));
   f.capacity_bytes = -1;  // unknown capacity
   CHECK_FALSE(has(f, VerdictKind::MemoryLimit));
 

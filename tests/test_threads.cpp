@@ -1,6 +1,6 @@
 // Threads (docs/api.md, "Threads"): the random-state model (core/random.hpp: a process-wide
-// generator whose draws never race or repeat, GeneratorScope for a thread's own), gradient
-// checkpointing replaying without rewinding a shared generator, the generator saved and replayed
+// generator whose draws never race or repeat, GeneratorScope for a thread's own), recomputation
+// (nn::recompute) replaying without rewinding a shared generator, the generator saved and replayed
 // through CheckpointManager on a thread, grad mode and anomaly mode per thread, and two models
 // trained on two threads at once bitwise equal to the same trainings one after the other (also
 // with a profiler session recording both), and convolution, pooling and GEMM on threads released
@@ -70,8 +70,8 @@ struct TrainResult {
 };
 
 // A whole training on the calling thread, every random draw (init, data, dropout, the
-// checkpointed segment's replay) from the thread's own generator.
-TrainResult run_training(uint64_t seed, bool checkpointed, bool anomaly) {
+// recomputed segment's replay) from the thread's own generator.
+TrainResult run_training(uint64_t seed, bool recomputed, bool anomaly) {
   Generator gen(seed);
   GeneratorScope own(gen);
   std::optional<autograd::detect_anomaly> guard;
@@ -83,7 +83,7 @@ TrainResult run_training(uint64_t seed, bool checkpointed, bool anomaly) {
   for (int step = 0; step < 12; ++step) {
     FloatTensor x = FloatTensor::randn({16, 6});
     FloatTensor y = FloatTensor::randn({16, 3});
-    FloatTensor out = checkpointed ? FloatTensor(nn::checkpoint([&](const FloatTensor& in) { return m(in); }, x)) : m(x);
+    FloatTensor out = recomputed ? FloatTensor(nn::recompute([&](const FloatTensor& in) { return m(in); }, x)) : m(x);
     FloatTensor loss = nn::functional::mse_loss(out, y);
     opt.zero_grad();
     loss.backward();
@@ -229,8 +229,8 @@ TEST_CASE("random: a GeneratorScope gives a thread its own stream, others unaffe
   CHECK(default_generator().state() == before);  // the process-wide generator was not touched
 }
 
-TEST_CASE("random: checkpointed backward on one thread never rewinds another thread's stream", "[threads][random]") {
-  // The issue's reproduction: one thread runs checkpointed forward/backward passes with dropout
+TEST_CASE("random: a recomputing backward on one thread never rewinds another thread's stream", "[threads][random]") {
+  // The issue's reproduction: one thread runs recomputing forward/backward passes with dropout
   // (which used to rewind and restore the shared generator during backward) while another draws
   // from the same shared generator: no draw may repeat an earlier one.
   std::vector<float> drawn;
@@ -241,7 +241,7 @@ TEST_CASE("random: checkpointed backward on one thread never rewinds another thr
         nn::Linear fc(8, 8);
         while (!stop.load()) {
           FloatTensor x = FloatTensor::ones({4, 8});
-          auto y = nn::checkpoint(
+          auto y = nn::recompute(
               [&](const FloatTensor& in) { return nn::functional::dropout(FloatTensor(fc(in)), 0.5, true); }, x);
           sum(FloatTensor(y)).backward();
         }
@@ -262,8 +262,8 @@ TEST_CASE("random: checkpointed backward on one thread never rewinds another thr
   CHECK(seen.size() == drawn.size() / 4);
 }
 
-TEST_CASE("random: checkpointing replays the forward's stream on a thread with its own generator", "[threads][random]") {
-  // Bitwise the same gradients with and without checkpointing (dropout inside), while another
+TEST_CASE("random: recomputation replays the forward's stream on a thread with its own generator", "[threads][random]") {
+  // Bitwise the same gradients with and without recomputation (dropout inside), while another
   // thread hammers the shared generator.
   std::atomic<bool> stop{false};
   std::exception_ptr e_noise;
@@ -272,24 +272,24 @@ TEST_CASE("random: checkpointing replays the forward's stream on a thread with i
         while (!stop.load()) (void)FloatTensor::rand({64});
       },
       e_noise);
-  auto grads = [](bool checkpointed) {
+  auto grads = [](bool recomputed) {
     Generator gen(5);
     GeneratorScope scope(gen);
     nn::Linear fc(8, 8);
     FloatTensor x = FloatTensor::randn({4, 8});
     auto f = [&](const FloatTensor& in) { return nn::functional::dropout(FloatTensor(fc(in)), 0.5, true); };
-    FloatTensor y = checkpointed ? FloatTensor(nn::checkpoint(f, x)) : f(x);
+    FloatTensor y = recomputed ? FloatTensor(nn::recompute(f, x)) : f(x);
     sum(y * y).backward();
     std::vector<float> g = FloatTensor(fc.weight.grad()).to_vector();
     const GeneratorState end = gen.state();
     g.push_back(static_cast<float>(end.offset));  // the replay did not advance the thread's generator
     return g;
   };
-  std::vector<float> plain = grads(false), ckpt = grads(true);
+  std::vector<float> plain = grads(false), rec = grads(true);
   stop.store(true);
   noise.join();
   if (e_noise) std::rethrow_exception(e_noise);
-  CHECK(bitwise_equal(plain, ckpt));
+  CHECK(bitwise_equal(plain, rec));
 }
 
 TEST_CASE("random: a thread's generator is saved and replayed through CheckpointManager", "[threads][random]") {
@@ -359,10 +359,10 @@ TEST_CASE("threads: grad mode and anomaly mode are per thread", "[threads]") {
 
 TEST_CASE("threads: two models trained on two threads at once equal the same trainings one after the other",
           "[threads]") {
-  // Bitwise: each training owns its generator (init, data, dropout, checkpoint replay); one uses
-  // gradient checkpointing, the other anomaly detection; both evaluate under NoGradGuard.
-  const TrainResult seq1 = run_training(1, /*checkpointed=*/true, /*anomaly=*/false);
-  const TrainResult seq2 = run_training(2, /*checkpointed=*/false, /*anomaly=*/true);
+  // Bitwise: each training owns its generator (init, data, dropout, recomputation's replay); one
+  // uses nn::recompute, the other anomaly detection; both evaluate under NoGradGuard.
+  const TrainResult seq1 = run_training(1, /*recomputed=*/true, /*anomaly=*/false);
+  const TrainResult seq2 = run_training(2, /*recomputed=*/false, /*anomaly=*/true);
   REQUIRE(seq1.losses.size() == 12);
   CHECK_FALSE(bitwise_equal(seq1.params, seq2.params));  // different seeds: a meaningful comparison
 

@@ -19,7 +19,7 @@ inline bool& inference_mode_flag() {
 inline bool is_inference_mode_enabled() { return detail::inference_mode_flag(); }
 
 // Whether ops record on the tape now: grad mode on and inference mode off. Every place that
-// records or saves for backward asks this (autograd::record, the weight cast cache, checkpoint).
+// records or saves for backward asks this (autograd::record, the weight cast cache, nn::recompute).
 inline bool is_grad_enabled() { return detail::grad_enabled_flag() && !detail::inference_mode_flag(); }
 
 // While alive, ops record nothing (inference, optimizer updates, backward functions).
@@ -53,7 +53,7 @@ class GradModeGuard {
 // torch.inference_mode: while alive, no op records a graph node, so no output has a grad_fn and
 // no tensor is kept for a backward pass; the memory of a forward is its outputs alone. Unlike
 // NoGradGuard, code inside cannot switch recording back on with a GradModeGuard(true) (a
-// library's callback, a checkpoint's recomputation): is_grad_enabled() stays false for the
+// library's callback, nn::recompute's recomputation): is_grad_enabled() stays false for the
 // whole scope. InferenceModeGuard(false) inside one turns inference mode off for its own scope,
 // as torch.inference_mode(False) does. Per thread; nests; restores the previous state on
 // destruction, also during unwinding. Tensors made inside are ordinary tensors (ember has no

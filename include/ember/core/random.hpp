@@ -127,7 +127,7 @@ class Generator {
 //   ThreadProcessGroup rank, a data transform worker) owns a Generator and installs it for its
 //   scope: every default draw on that thread (rand, randn, dropout, nn::init) then comes from it,
 //   and no other thread sees it.
-// - Gradient checkpointing (nn/checkpoint.hpp) replays a recomputation from a copy of the state
+// - nn::recompute (nn/recompute.hpp) replays its recomputation from a copy of the state
 //   its forward started from, installed with a GeneratorScope on the backward thread: it never
 //   rewinds the shared generator.
 // - CheckpointManager saves and restores default_generator() of the thread that calls it, i.e.

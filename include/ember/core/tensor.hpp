@@ -4,8 +4,12 @@
 // `clone()` copies data. `Tensor<T>` is the same handle with its element type checked once, at
 // construction, so typed code needs no runtime dtype checks.
 //
-// This header is the hub of the core: it defines the handles, then pulls in the autograd tape and
-// engine (which need complete handles), then defines the handle methods that record on the tape.
+// Core's tensors and the autograd tape are one layer in fact: a handle carries its node
+// (TensorImpl::grad_fn) and its methods record on the tape (clone, to, reshape, slice) or run
+// backward, while the tape's nodes and the engine hold and return complete handles. So this
+// header defines the handles, then includes the tape (autograd/node.hpp) and the engine
+// (autograd/engine.hpp), then defines the handle methods that use them. Including any of the
+// three gives all three. Nothing here includes a layer above (ops, nn, ...).
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -287,6 +291,7 @@ using ByteTensor = Tensor<uint8_t>;
 
 }  // namespace ember
 
-#include "ember/autograd/detail/function_impl.hpp"
-#include "ember/autograd/detail/engine_impl.hpp"
+// The rest of the layer, which needs the complete handles above (see the comment at the top).
+#include "ember/autograd/node.hpp"
+#include "ember/autograd/engine.hpp"
 #include "ember/core/detail/tensor_methods_impl.hpp"

@@ -34,14 +34,14 @@
 //   with momentum or weight decay will still move such a parameter).
 // - no_sync(): an RAII guard during which the hooks do nothing, so gradients accumulate locally;
 //   the next backward outside the guard reduces the accumulated gradients.
-// - Gradient checkpointing: parameters inside a checkpointed segment get their gradients in a
+// - Recomputation (nn::recompute): parameters inside a recomputed segment get their gradients in a
 //   nested backward pass, whose end also runs the queued callback. If at that point a parameter
 //   still lacks its gradient, the wrapper cannot tell "unused" from "comes later in the outer
 //   pass": it reduces then, and when a later hook fires in the same outer pass it reduces again
 //   at the end of that pass (already-averaged gradients are identical on every rank, so their
 //   average is unchanged; it costs a second round of communication).
 // - A gradient that arrives again after its bucket was sent (a parameter used both inside and
-//   outside a checkpointed segment) marks the bucket for a second all_reduce at the end.
+//   outside a recomputed segment) marks the bucket for a second all_reduce at the end.
 //   With gradient_as_bucket_view that is an error instead, raised before the second gradient
 //   touches the bucket: while a bucket's all_reduce is in flight its views are taken off the
 //   parameters (.grad reads as undefined until the end of backward), so that a second arrival
@@ -74,7 +74,7 @@ struct DataParallelOptions {
   // passes over every gradient per step (the copy into the bucket, the copy back).
   // Caveats, as in torch: a .grad kept across steps is overwritten by the next backward, and a
   // parameter whose gradient arrives twice in one backward (used both inside and outside a
-  // checkpointed segment) is an error (a ValueError raised before the second gradient is added
+  // recomputed segment) is an error (a ValueError raised before the second gradient is added
   // into the bucket, which the other ranks may be reading). While a bucket's all_reduce is in
   // flight during backward, its parameters' .grad reads as undefined (the buffer is being
   // reduced); at the end of backward .grad is the view again, holding the average.
@@ -283,7 +283,7 @@ class DataParallel {
             " arrived a second time in one backward, after its bucket's all_reduce had started (it was not "
             "accumulated: the buffer is being reduced, and the rank's gradient for this step is incomplete). Use "
             "gradient_as_bucket_view = false for models that use a parameter both inside and outside a "
-            "checkpointed segment."));
+            "recomputed segment (nn::recompute)."));
       }
       return view(b, k);
     }

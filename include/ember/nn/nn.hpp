@@ -3,7 +3,6 @@
 // a program that uses them includes them, and the others do not compile them.
 #include "ember/nn/activation.hpp"
 #include "ember/nn/attention.hpp"
-#include "ember/nn/checkpoint.hpp"
 #include "ember/nn/conv.hpp"
 #include "ember/nn/dropout.hpp"
 #include "ember/nn/embedding.hpp"
@@ -13,5 +12,6 @@
 #include "ember/nn/module.hpp"
 #include "ember/nn/norm.hpp"
 #include "ember/nn/pool.hpp"
+#include "ember/nn/recompute.hpp"
 #include "ember/nn/sequential.hpp"
 #include "ember/nn/transformer.hpp"

@@ -117,8 +117,8 @@ inline std::vector<Verdict> verdict(const StepFigures& f, const VerdictThreshold
       out.push_back({VerdictKind::MemoryLimit,
                      "at the memory limit: peak " + detail::mib(f.peak_bytes) + " is " + detail::percent(used) + " of " +
                          f.device + "'s " + detail::mib(f.capacity_bytes) +
-                         ": use mixed precision (amp, model(x.to<half>())) or gradient checkpointing "
-                         "(nn::checkpoint)"});
+                         ": use mixed precision (amp, model(x.to<half>())) or recompute activations "
+                         "(nn::recompute)"});
   }
   if (out.empty()) out.push_back({VerdictKind::NoBottleneck, "no bottleneck rule fired"});
   return out;

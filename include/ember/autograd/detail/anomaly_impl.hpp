@@ -1,7 +1,7 @@
 #pragma once
 // The checks of anomaly detection (autograd/anomaly.hpp), run by record() in forward and by the
-// engine after each node in backward. Included by function_impl.hpp once the tensor handles are
-// complete; include <ember/autograd/anomaly.hpp> rather than this file.
+// engine after each node in backward. Included by autograd/node.hpp once the tensor handles and
+// Node are complete; include <ember/autograd/anomaly.hpp> rather than this file.
 #include <string>
 #include <vector>
 

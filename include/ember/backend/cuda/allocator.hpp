@@ -147,7 +147,7 @@ class DeviceAllocator {
                                                                           " reserved by its memory pool")
                                                : std::string(),
                                  device_figures,
-                                 "; free some tensors, reduce the batch size or use gradient checkpointing"),
+                                 "; free some tensors, reduce the batch size or recompute activations (nn::recompute)"),
         requested, in_use, limit);
   }
 

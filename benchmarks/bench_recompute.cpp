@@ -1,20 +1,21 @@
-// Gradient checkpointing: step time (forward + backward) and peak activation memory of
+// Recomputation of activations (nn::recompute): step time (forward + backward) and peak
+// activation memory of
 //   mlp16:        16 blocks of Linear(W, W) + ReLU                 (CPU: W 256, batch 64)
 //   transformer:  a stack of nn::TransformerBlock                  (CPU: 4 blocks, E 128, 4 heads, 8 x 128 tokens)
-// without checkpointing ("plain"), with nn::checkpoint_sequential in 4 segments ("seq4") and with
-// one checkpoint per block ("per_block"), on the CPU and on cuda:0 when present.
+// without recomputation ("plain"), with nn::recompute_sequential in 4 segments ("seq4") and with
+// one recomputed segment per block ("per_block"), on the CPU and on cuda:0 when present.
 //
 // Counters:
 //   peak_MB        peak bytes above what was live before one step (the gradients are allocated
 //                  by a warm-up step, so this is activations and backward temporaries)
 //   plain_peak_MB  the same for the plain step
 //   mem_saved_%    100 * (1 - peak / plain_peak)
-//   time_ratio     checkpointed step time / plain step time; each iteration runs one plain step
-//                  outside the timed region right after the timed checkpointed one, so the ratio
+//   time_ratio     recomputing step time / plain step time; each iteration runs one plain step
+//                  outside the timed region right after the timed recomputing one, so the ratio
 //                  compares steps run under the same conditions
 //   cpu_time_ratio the same ratio of process CPU time (CPU runs only: steadier on a busy machine)
-// The target (on an H200): time_ratio <= 1.35 with mem_saved_% >= 40.
-// Run: ./build/benchmarks/bench_checkpoint [--benchmark_filter=...] [--benchmark_format=json]
+// The target (on an H200): time_ratio <= 1.35 with mem_saved_% >= 40.
+// Run: ./build/benchmarks/bench_recompute [--benchmark_filter=...] [--benchmark_format=json]
 #include <benchmark/benchmark.h>
 
 #include <time.h>
@@ -67,11 +68,11 @@ Workload make_transformer(Device dev) {
 AnyTensor forward(const Workload& w, Mode mode) {
   switch (mode) {
     case Mode::Plain: return w.model->forward_any(w.x);
-    case Mode::Seq4: return nn::checkpoint_sequential(*w.model, 4, w.x);
+    case Mode::Seq4: return nn::recompute_sequential(*w.model, 4, w.x);
     case Mode::PerBlock: {
       AnyTensor h = w.x;
       for (const auto& block : w.model->layers())
-        h = nn::checkpoint([block](const AnyTensor& t) { return block->forward_any(t); }, h);
+        h = nn::recompute([block](const AnyTensor& t) { return block->forward_any(t); }, h);
       return h;
     }
   }
@@ -116,7 +117,7 @@ Seconds seconds_of(const std::function<void()>& f) {
   return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), process_cpu_seconds() - c0};
 }
 
-void BM_checkpoint(benchmark::State& state, Workload (*make)(Device), Mode mode, Device dev) {
+void BM_recompute(benchmark::State& state, Workload (*make)(Device), Mode mode, Device dev) {
   Workload w = make(dev);
   const int64_t plain_peak = activation_peak(w, Mode::Plain, dev);
   const int64_t peak = mode == Mode::Plain ? plain_peak : activation_peak(w, mode, dev);
@@ -142,7 +143,7 @@ void register_all(Device dev, const std::string& suffix) {
   const std::pair<const char*, Mode> modes[] = {{"plain", Mode::Plain}, {"seq4", Mode::Seq4}, {"per_block", Mode::PerBlock}};
   for (auto [wname, make] : workloads)
     for (auto [mname, mode] : modes)
-      benchmark::RegisterBenchmark((std::string(wname) + "_" + mname + suffix).c_str(), BM_checkpoint, make, mode, dev)
+      benchmark::RegisterBenchmark((std::string(wname) + "_" + mname + suffix).c_str(), BM_recompute, make, mode, dev)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
 }

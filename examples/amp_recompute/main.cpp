@@ -1,14 +1,15 @@
-// amp_checkpointing: the features that let a model train faster and fit in memory on one GPU,
+// amp_recompute: the features that let a model train faster and fit in memory on one GPU,
 // on a real task (the scikit-learn digits shipped by Debian's python3-sklearn): mixed precision
-// (fp16 with dynamic loss scaling, or bf16), gradient accumulation, gradient checkpointing, and
-// the batch-size finder. On the GPU when there is one, else on the CPU (16-bit types emulated).
+// (fp16 with dynamic loss scaling, or bf16), gradient accumulation, recomputation of activations
+// (nn::recompute), and the batch-size finder. On the GPU when there is one, else on the CPU
+// (16-bit types emulated).
 //
-//   amp_checkpointing [--device auto|cpu|cuda:N] [--precision fp32|fp16|bf16] [--accumulate 2]
-//                     [--checkpoint 4] [--width 256] [--depth 4] [--epochs 15] [--batch-size 32]
-//                     [--lr 0.003] [--seed 0] [--find-batch-size 0] [--memory-limit-mb 64]
-//                     [--profile trace.json] [--log-dir runs/amp]   (examples/common/observe.hpp)
+//   amp_recompute [--device auto|cpu|cuda:N] [--precision fp32|fp16|bf16] [--accumulate 2]
+//                 [--recompute 4] [--width 256] [--depth 4] [--epochs 15] [--batch-size 32]
+//                 [--lr 0.003] [--seed 0] [--find-batch-size 0] [--memory-limit-mb 64]
+//                 [--profile trace.json] [--log-dir runs/amp]   (examples/common/observe.hpp)
 //
-// --checkpoint N runs the hidden stack with checkpoint_sequential in N segments (0: off).
+// --recompute N runs the hidden stack with nn::recompute_sequential in N segments (0: off).
 // --find-batch-size 1 first searches the largest batch whose training step fits under
 // --memory-limit-mb (an allocator limit, so the search also works on the CPU), and reports it.
 // Prints a progress line, then one JSON line: accuracy, loss-scaler statistics, peak memory.
@@ -29,7 +30,7 @@ namespace {
 
 struct Net {
   std::shared_ptr<nn::Linear> input, output;
-  std::shared_ptr<nn::Sequential> hidden;  // checkpointed as a whole when asked
+  std::shared_ptr<nn::Sequential> hidden;  // recomputed as a whole when asked
   std::vector<AnyTensor> parameters() const {
     std::vector<AnyTensor> p = input->parameters();
     for (auto& t : hidden->parameters()) p.push_back(t);
@@ -59,7 +60,7 @@ Net make_net(int64_t width, int64_t depth) {
 template <Element T>
 Tensor<float> forward(Net& net, const Tensor<float>& x, int segments) {
   Tensor<T> h = gelu((*net.input)(x.to<T>()), true);
-  h = segments > 0 ? nn::checkpoint_sequential(*net.hidden, segments, h) : (*net.hidden)(h);
+  h = segments > 0 ? nn::recompute_sequential(*net.hidden, segments, h) : (*net.hidden)(h);
   return (*net.output)(h).template to<float>();
 }
 
@@ -74,7 +75,7 @@ Tensor<float> forward(Net& net, const Tensor<float>& x, int segments, const std:
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
                       examples::with_observe_flags({{"device", "auto"}, {"precision", "fp16"}, {"accumulate", "2"},
-                                                    {"checkpoint", "4"}, {"width", "256"}, {"depth", "4"},
+                                                    {"recompute", "4"}, {"width", "256"}, {"depth", "4"},
                                                     {"epochs", "15"}, {"batch-size", "32"}, {"lr", "0.003"},
                                                     {"seed", "0"}, {"find-batch-size", "0"},
                                                     {"memory-limit-mb", "64"}}));
@@ -83,7 +84,7 @@ int main(int argc, char** argv) try {
   if (precision != "fp32" && precision != "fp16" && precision != "bf16")
     throw ValueError("--precision must be fp32, fp16 or bf16, got " + precision);
   const int64_t epochs = args.integer("epochs"), accumulate = args.integer("accumulate");
-  const int segments = static_cast<int>(args.integer("checkpoint"));
+  const int segments = static_cast<int>(args.integer("recompute"));
   int64_t batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
 
@@ -142,9 +143,9 @@ int main(int argc, char** argv) try {
   reset_peak_memory(dev);
   const int64_t base_bytes = memory_stats(dev).current_bytes;
   // Created after the batch-size finder, so that the profile and the log hold training steps only.
-  examples::Observe observe(args, {{"example", std::string("amp_checkpointing")}, {"device", dev.str()},
+  examples::Observe observe(args, {{"example", std::string("amp_recompute")}, {"device", dev.str()},
                                    {"precision", precision}, {"accumulate", static_cast<double>(accumulate)},
-                                   {"checkpoint_segments", static_cast<double>(segments)},
+                                   {"recompute_segments", static_cast<double>(segments)},
                                    {"epochs", static_cast<double>(epochs)}, {"batch_size", static_cast<double>(batch)},
                                    {"lr", args.real("lr")}, {"seed", static_cast<double>(seed)}});
   examples::Progress progress;
@@ -186,11 +187,11 @@ int main(int argc, char** argv) try {
   const double accuracy =
       static_cast<double>(sum(eq(pred, y_test).to<int64_t>()).item()) / static_cast<double>(test.n);
   std::printf("%s\n",
-              examples::json_line({{"example", examples::quoted("amp_checkpointing")},
+              examples::json_line({{"example", examples::quoted("amp_recompute")},
                                    {"device", examples::quoted(dev.str())},
                                    {"precision", examples::quoted(precision)},
                                    {"accumulate", std::to_string(accumulate)},
-                                   {"checkpoint_segments", std::to_string(segments)},
+                                   {"recompute_segments", std::to_string(segments)},
                                    {"optimizer_steps", std::to_string(step)},
                                    {"skipped_steps", std::to_string(skipped)},
                                    {"final_loss_scale", examples::num(scaler.get_scale())},
@@ -209,6 +210,6 @@ int main(int argc, char** argv) try {
   }
   return 0;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "amp_checkpointing: %s\n", e.what());
+  std::fprintf(stderr, "amp_recompute: %s\n", e.what());
   return 1;
 }

@@ -1,26 +1,28 @@
 #pragma once
-// Gradient checkpointing (activation recomputation), as torch.utils.checkpoint with its reentrant
-// implementation:
+// Recomputation of activations: a segment of the forward keeps none of its activations, and the
+// backward runs it again to get them (PyTorch's reentrant implementation, use_reentrant=True,
+// is the model; docs/api.md gives PyTorch's name for the technique):
 //
-//   y = nn::checkpoint(fn, inputs...);            // fn(inputs...) -> a tensor (or a vector of them)
-//   y = nn::checkpoint_sequential(seq, 4, x);     // an nn::Sequential in 4 segments
+//   y = nn::recompute(fn, inputs...);            // fn(inputs...) -> a tensor (or a vector of them)
+//   y = nn::recompute_sequential(seq, 4, x);     // an nn::Sequential in 4 segments
 //
 // The forward runs fn under NoGradGuard, so none of its activations are kept: the tape gets ONE
-// node, "CheckpointBackward", whose inputs are the tensor arguments and which keeps only those
+// node, "RecomputeBackward", whose inputs are the tensor arguments and which keeps only those
 // arguments (and fn). Its backward
 //   1. makes a copy of the default generator's (seed, offset) from before the forward the
 //      backward thread's default generator (a GeneratorScope, core/random.hpp), so dropout inside
 //      fn draws the same masks (DESIGN.md decision 6),
 //   2. re-runs fn with grad mode on, on detached copies of the tensor arguments (each requiring
 //      grad exactly when the original does),
-//   3. ends that scope: the generator itself was never rewound, so checkpointing neither changes
+//   3. ends that scope: the generator itself was never rewound, so recomputation neither changes
 //      later random draws nor disturbs other threads drawing from a shared generator meanwhile,
 //   4. runs autograd::backward through the recomputed graph with the incoming gradients: the
 //      parameters fn uses (leaves) receive their gradients there, and the gradients of the
 //      detached copies are returned as the gradients of the arguments.
-// On the CPU the gradients are bitwise those of the same computation without checkpointing.
-// Checkpoints nest (a checkpoint inside fn runs plainly in the outer forward and records itself
-// during the outer recomputation), and any floating activation type works (Tensor<half> inputs).
+// On the CPU the gradients are bitwise those of the same computation without recomputation.
+// Recomputed segments nest (an nn::recompute inside fn runs plainly in the outer forward and
+// records itself during the outer recomputation), and any floating activation type works
+// (Tensor<half> inputs).
 //
 // Arguments: any mix of tensors (AnyTensor or Tensor<T>, possibly undefined) and other values
 // (copied, and passed again as they are to the recomputation). fn is copied into the node and
@@ -28,17 +30,18 @@
 // module alive), and must compute the same thing when re-run: the same shapes, and the same
 // values given the same generator state.
 //
-// Differences from torch.utils.checkpoint(use_reentrant=True):
-// - The node is recorded whenever grad mode is on, even when no tensor argument requires grad, so
-//   the parameters inside fn still get gradients (torch's reentrant version warns and gives them
-//   none; its non-reentrant version behaves as here). The price: the output then requires grad
-//   even when fn uses no parameter that does, and a backward through it recomputes fn for nothing.
-// - Only the default generator's state is replayed (torch: the default CPU generator and the
+// Differences from PyTorch's reentrant implementation:
+// - The node is recorded whenever grad mode is on, even when no tensor argument requires grad
+//   (autograd::RecordWhen::GradEnabled), so the parameters inside fn still get gradients
+//   (PyTorch's reentrant version warns and gives them none; its non-reentrant version behaves as
+//   here). The price: the output then requires grad even when fn uses no parameter that does,
+//   and a backward through it recomputes fn for nothing.
+// - Only the default generator's state is replayed (PyTorch: the default CPU generator and the
 //   CUDA generators of the devices the inputs are on; ember has one stream for every device).
 //   A Dropout built with its own Generator does not replay. preserve_rng_state is always on.
 // - Side effects in fn happen twice (a BatchNorm in training mode updates its running statistics
-//   in the forward and again in the recomputation), as in torch.
-// - Under NoGradGuard, checkpoint just calls fn.
+//   in the forward and again in the recomputation), as in PyTorch.
+// - Under NoGradGuard, nn::recompute just calls fn.
 #include <concepts>
 #include <cstdint>
 #include <memory>
@@ -51,26 +54,26 @@
 
 namespace ember::nn {
 
-namespace checkpoint_detail {
+namespace recompute_detail {
 
 template <class A>
 inline constexpr bool is_tensor_arg_v = std::is_base_of_v<AnyTensor, std::remove_cvref_t<A>>;
 
 template <class R>
-struct CheckpointResult {
+struct RecomputeResult {
   static constexpr bool single = std::is_base_of_v<AnyTensor, R>;
   static constexpr bool valid = single;
 };
 template <class X>
-struct CheckpointResult<std::vector<X>> {
+struct RecomputeResult<std::vector<X>> {
   static constexpr bool single = false;
   static constexpr bool valid = std::is_base_of_v<AnyTensor, X>;
 };
 
 // The outputs of fn as a list of untyped handles.
 template <class R>
-std::vector<AnyTensor> checkpoint_outputs(const R& r) {
-  if constexpr (CheckpointResult<R>::single) {
+std::vector<AnyTensor> recompute_outputs(const R& r) {
+  if constexpr (RecomputeResult<R>::single) {
     return {AnyTensor(r)};
   } else {
     return std::vector<AnyTensor>(r.begin(), r.end());
@@ -79,8 +82,8 @@ std::vector<AnyTensor> checkpoint_outputs(const R& r) {
 
 // Rebuilds fn's result type from handles.
 template <class R>
-R checkpoint_result(const std::vector<AnyTensor>& outs) {
-  if constexpr (CheckpointResult<R>::single) {
+R recompute_result(const std::vector<AnyTensor>& outs) {
+  if constexpr (RecomputeResult<R>::single) {
     return R(outs.at(0));
   } else {
     R r;
@@ -109,51 +112,25 @@ A recompute_arg(const A& a) {
   }
 }
 
-// Records the checkpoint's node: through autograd::record when an input requires grad, else by
-// hand with the same structure (edges to no one), so that backward still reaches the node and the
-// parameters inside fn get their gradients.
-inline void record_checkpoint(const std::vector<AnyTensor>& inputs, const std::vector<AnyTensor>& outputs,
-                              autograd::BackwardFn fn) {
-  static constexpr const char* kName = "CheckpointBackward";
-  if (autograd::any_requires_grad(inputs)) {
-    autograd::record(kName, inputs, outputs, std::move(fn));
-    return;
-  }
-  auto node = std::make_shared<autograd::FunctionNode>(kName, std::move(fn));
-  for (const AnyTensor& in : inputs) {
-    node->next.push_back(autograd::Edge{});
-    if (in.defined())
-      node->inputs.push_back({in.dtype(), in.device(), in.shape()});
-    else
-      node->inputs.push_back({DType::Float32, Device::cpu(), Shape{}});
-  }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    TensorImpl& o = *outputs[i].impl();
-    o.grad_fn = node;
-    o.output_nr = static_cast<int>(i);
-    node->outputs.push_back({o.dtype, o.device, o.shape});
-  }
-}
-
-}  // namespace checkpoint_detail
+}  // namespace recompute_detail
 
 // Runs fn(args...) without keeping its activations; they are recomputed in the backward (see the
 // header comment). Returns what fn returns: a tensor (AnyTensor or Tensor<T>) or a std::vector of
 // tensors.
 template <class Fn, class... Args>
   requires std::invocable<std::decay_t<Fn>&, const std::decay_t<Args>&...>
-auto checkpoint(Fn&& fn, Args&&... args) {
+auto recompute(Fn&& fn, Args&&... args) {
   using F = std::decay_t<Fn>;
   using R = std::remove_cvref_t<std::invoke_result_t<F&, const std::decay_t<Args>&...>>;
-  static_assert(checkpoint_detail::CheckpointResult<R>::valid,
-                "nn::checkpoint: fn must return a tensor (AnyTensor or Tensor<T>) or a std::vector of tensors");
+  static_assert(recompute_detail::RecomputeResult<R>::valid,
+                "nn::recompute: fn must return a tensor (AnyTensor or Tensor<T>) or a std::vector of tensors");
 
   if (!is_grad_enabled()) {
     F f(std::forward<Fn>(fn));  // called as the recording path calls it: a copy, const arguments
     return R(f(std::as_const(args)...));
   }
 
-  // What the node keeps: fn, the arguments (tensors as handles: the checkpoint's only saved
+  // What the node keeps: fn, the arguments (tensors as handles: the segment's only saved
   // activations) and the generator state before the forward.
   struct Saved {
     F fn;
@@ -165,27 +142,27 @@ auto checkpoint(Fn&& fn, Args&&... args) {
                                              default_generator().state(), {}});
 
   std::vector<AnyTensor> inputs;
-  std::apply([&](const auto&... a) { (checkpoint_detail::collect_tensor_arg(inputs, a), ...); }, saved->args);
+  std::apply([&](const auto&... a) { (recompute_detail::collect_tensor_arg(inputs, a), ...); }, saved->args);
 
   std::vector<AnyTensor> outs;
   {
     NoGradGuard no_grad;
     R r = std::apply([&](const auto&... a) -> R { return saved->fn(a...); }, saved->args);
-    outs = checkpoint_detail::checkpoint_outputs(r);
+    outs = recompute_detail::recompute_outputs(r);
   }
   for (size_t i = 0; i < outs.size(); ++i) {
-    EMBER_CHECK(outs[i].defined(), ValueError, "checkpoint: output ", i, " of the checkpointed function is undefined");
+    EMBER_CHECK(outs[i].defined(), ValueError, "recompute: output ", i, " of the recomputed function is undefined");
     // A fresh handle: fn may return one of its inputs or a parameter unchanged, whose autograd
     // state must not be touched.
     outs[i] = outs[i].detach();
     saved->outputs.push_back({outs[i].dtype(), outs[i].device(), outs[i].shape()});
   }
 
-  checkpoint_detail::record_checkpoint(inputs, outs, [saved](const std::vector<AnyTensor>& grad_outputs) {
-    auto args = std::apply([](const auto&... a) { return std::make_tuple(checkpoint_detail::recompute_arg(a)...); },
+  auto backward_fn = [saved](const std::vector<AnyTensor>& grad_outputs) {
+    auto args = std::apply([](const auto&... a) { return std::make_tuple(recompute_detail::recompute_arg(a)...); },
                            saved->args);
     std::vector<AnyTensor> leaves;
-    std::apply([&](const auto&... a) { (checkpoint_detail::collect_tensor_arg(leaves, a), ...); }, args);
+    std::apply([&](const auto&... a) { (recompute_detail::collect_tensor_arg(leaves, a), ...); }, args);
 
     std::vector<AnyTensor> outs;
     {
@@ -198,20 +175,20 @@ auto checkpoint(Fn&& fn, Args&&... args) {
       // record the recomputation, or the parameters inside would silently get no gradient.
       InferenceModeGuard recording(false);
       R r = std::apply([&](const auto&... a) -> R { return saved->fn(a...); }, args);
-      outs = checkpoint_detail::checkpoint_outputs(r);
+      outs = recompute_detail::recompute_outputs(r);
     }
 
-    EMBER_CHECK(outs.size() == saved->outputs.size(), AutogradError, "checkpoint: the recomputation returned ",
+    EMBER_CHECK(outs.size() == saved->outputs.size(), AutogradError, "recompute: the recomputation returned ",
                 outs.size(), " output(s) but the forward returned ", saved->outputs.size(),
-                " (the checkpointed function must compute the same thing when re-run)");
+                " (the recomputed function must compute the same thing when re-run)");
     std::vector<AnyTensor> roots, grads;
     for (size_t i = 0; i < outs.size(); ++i) {
       const autograd::OutputMeta& m = saved->outputs[i];
       EMBER_CHECK(outs[i].defined() && outs[i].shape() == m.shape && outs[i].dtype() == m.dtype &&
                       outs[i].device() == m.device,
-                  AutogradError, "checkpoint: the recomputation returned ", outs[i].desc(), " for output ", i,
+                  AutogradError, "recompute: the recomputation returned ", outs[i].desc(), " for output ", i,
                   " but the forward returned ", dtype_name(m.dtype), m.shape.str(), " on ", m.device.str(),
-                  " (the checkpointed function must compute the same thing when re-run)");
+                  " (the recomputed function must compute the same thing when re-run)");
       if (outs[i].requires_grad()) {
         roots.push_back(outs[i]);
         grads.push_back(grad_outputs.at(i));
@@ -224,20 +201,23 @@ auto checkpoint(Fn&& fn, Args&&... args) {
     for (const AnyTensor& l : leaves)
       grad_inputs.push_back(l.defined() && l.requires_grad() ? l.grad() : AnyTensor());
     return grad_inputs;
-  });
-  return checkpoint_detail::checkpoint_result<R>(outs);
+  };
+  // Recorded even when no tensor argument requires grad: the backward reaches the parameters
+  // inside fn, which are not among the node's inputs.
+  autograd::record("RecomputeBackward", inputs, outs, std::move(backward_fn), autograd::RecordWhen::GradEnabled);
+  return recompute_detail::recompute_result<R>(outs);
 }
 
-// torch.utils.checkpoint.checkpoint_sequential: splits `layers` into `segments` chunks of
-// layers.size() / segments layers; the first segments - 1 chunks are checkpointed, the last one
+// As PyTorch's sequential variant: splits `layers` into `segments` chunks of
+// layers.size() / segments layers; the first segments - 1 chunks are recomputed, the last one
 // (the rest of the layers) runs normally, since its activations are needed at once by the
 // backward. 1 <= segments <= layers.size(). The chunks hold the layers (shared_ptr) until the
 // backward.
 template <class TensorT>
   requires std::is_base_of_v<AnyTensor, TensorT>
-TensorT checkpoint_sequential(const std::vector<std::shared_ptr<Module>>& layers, int segments, const TensorT& x) {
+TensorT recompute_sequential(const std::vector<std::shared_ptr<Module>>& layers, int segments, const TensorT& x) {
   const int64_t n = static_cast<int64_t>(layers.size());
-  EMBER_CHECK(segments >= 1 && segments <= n, ValueError, "checkpoint_sequential: segments must be between 1 and ",
+  EMBER_CHECK(segments >= 1 && segments <= n, ValueError, "recompute_sequential: segments must be between 1 and ",
               "the number of layers (", n, "), got ", segments);
   const int64_t size = n / segments;
   AnyTensor h = x;
@@ -246,7 +226,7 @@ TensorT checkpoint_sequential(const std::vector<std::shared_ptr<Module>>& layers
     const int64_t begin = s * size;
     end = begin + size;
     std::vector<std::shared_ptr<Module>> chunk(layers.begin() + begin, layers.begin() + end);
-    h = checkpoint(
+    h = recompute(
         [chunk](const AnyTensor& in) {
           AnyTensor t = in;
           for (const auto& l : chunk) t = l->forward_any(t);
@@ -260,8 +240,8 @@ TensorT checkpoint_sequential(const std::vector<std::shared_ptr<Module>>& layers
 
 template <class TensorT>
   requires std::is_base_of_v<AnyTensor, TensorT>
-TensorT checkpoint_sequential(const Sequential& seq, int segments, const TensorT& x) {
-  return checkpoint_sequential(seq.layers(), segments, x);
+TensorT recompute_sequential(const Sequential& seq, int segments, const TensorT& x) {
+  return recompute_sequential(seq.layers(), segments, x);
 }
 
 }  // namespace ember::nn
