@@ -63,6 +63,11 @@ struct OpCase {
   std::function<void(std::vector<AnyTensor>&)> prepare = {};
 };
 
+// A case whose output is not differentiable (indices, comparisons): forward only, inputs in [-2, 2).
+inline OpCase forward_only(std::string variant, const Shape& shape, OpFn fn) {
+  return {.variant = std::move(variant), .inputs = {{shape, -2, 2}}, .fn = std::move(fn), .differentiable = false};
+}
+
 // A call that must raise: the exception type, and the fragments the message must hold (the op's
 // name, and the shapes, dtypes, devices or values that explain it).
 struct BadInput {

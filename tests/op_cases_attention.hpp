@@ -32,10 +32,7 @@ inline std::vector<OpSpec> attention_ops() {
                   .parity = false},
                  {.variant = "a float mask [2, 5, 7]",
                   .inputs = qkv,
-                  .fn =
-                      [=](V x) {
-                        return sdpa(x, {.attn_mask = constant({2, 5, 7}, 3, -1, 1, x[0])});
-                      },
+                  .fn = [=](V x) { return sdpa(x, {.attn_mask = constant({2, 5, 7}, 3, -1, 1, x[0])}); },
                   .parity = false},
                  {.variant = "causal, the last key padding (a bool mask [7])",
                   .inputs = qkv,
@@ -47,26 +44,18 @@ inline std::vector<OpSpec> attention_ops() {
                   .parity = false}},
        .bad = {
            bad<ShapeError>("sdpa key [2, 5, 7] for query [2, 4, 8]",
-                           [=] {
-                             scaled_dot_product_attention(q(), F::zeros({2, 5, 7}), v());
-                           },
+                           [=] { scaled_dot_product_attention(q(), F::zeros({2, 5, 7}), v()); },
                            {"scaled_dot_product_attention", "[2, 5, 7]"}),
            bad<ShapeError>("sdpa key batch 3 for 2",
-                           [=] {
-                             scaled_dot_product_attention(q(), F::zeros({3, 5, 8}), v());
-                           },
+                           [=] { scaled_dot_product_attention(q(), F::zeros({3, 5, 8}), v()); },
                            {"scaled_dot_product_attention", "[3, 5, 8]"}),
            bad<ShapeError>("sdpa value [2, 4, 6] for key [2, 5, 8]",
-                           [=] {
-                             scaled_dot_product_attention(q(), k(), F::zeros({2, 4, 6}));
-                           },
+                           [=] { scaled_dot_product_attention(q(), k(), F::zeros({2, 4, 6})); },
                            {"scaled_dot_product_attention", "[2, 4, 6]"}),
            bad<ShapeError>("sdpa 1-d query", [=] { scaled_dot_product_attention(F::zeros({8}), k(), v()); },
                            {"scaled_dot_product_attention", "[8]"}),
            bad<ShapeError>("sdpa attn_mask [3, 5] that does not broadcast",
-                           [=] {
-                             scaled_dot_product_attention(q(), k(), v(), {.attn_mask = F::zeros({3, 5})});
-                           },
+                           [=] { scaled_dot_product_attention(q(), k(), v(), {.attn_mask = F::zeros({3, 5})}); },
                            {"attn_mask", "broadcast"}),
            bad<DTypeError>("sdpa int32 attn_mask",
                            [=] {
@@ -89,14 +78,10 @@ inline std::vector<OpSpec> attention_ops() {
                            },
                            {"scaled_dot_product_attention", "float16"}),
            bad<ShapeError>("fused_attention mask [3, 4, 5]",
-                           [=] {
-                             op::fused_attention(q(), k(), v(), F::zeros({3, 4, 5}), 1, false, 1.0);
-                           },
+                           [=] { op::fused_attention(q(), k(), v(), F::zeros({3, 4, 5}), 1, false, 1.0); },
                            {"scaled_dot_product_attention", "[3, 4, 5]"}),
            bad<ValueError>("fused_attention mask group 3 of batch 2",
-                           [=] {
-                             op::fused_attention(q(), k(), v(), F::zeros({1, 4, 5}), 3, false, 1.0);
-                           },
+                           [=] { op::fused_attention(q(), k(), v(), F::zeros({1, 4, 5}), 3, false, 1.0); },
                            {"scaled_dot_product_attention", "3"})}});
   return ops;
 }

@@ -118,20 +118,12 @@ inline std::vector<OpSpec> elementwise_ops() {
                                binary_cases(
                                    "a + b", [](V x) { return op::add(x[0], x[1]); }, -1, 1, -1, 1),
                                typed_binary("operator +", [](const T& a, const T& b) { return a + b; })),
-                 .bad = {bad<ShapeError>("add empty [0, 3] + [2, 3]",
-                                         [] {
-                                           F::zeros({0, 3}) + F::ones({2, 3});
-                                         },
+                 .bad = {bad<ShapeError>("add empty [0, 3] + [2, 3]", [] { F::zeros({0, 3}) + F::ones({2, 3}); },
                                          {"add", "[0, 3]"}),
-                         bad<ShapeError>("add [2, 3] + [4]",
-                                         [] {
-                                           op::add(F::zeros({2, 3}), F::zeros({4}));
-                                         },
+                         bad<ShapeError>("add [2, 3] + [4]", [] { op::add(F::zeros({2, 3}), F::zeros({4})); },
                                          {"add", "[2, 3]", "[4]"}),
                          bad<ValueError>("add with an undefined second input",
-                                         [] {
-                                           op::add(F::ones({2, 3}), AnyTensor());
-                                         },
+                                         [] { op::add(F::ones({2, 3}), AnyTensor()); },
                                          {"add", "second input", "undefined"})},
                  .nan = {binary_nan("a + b with NaN on either side", [](V x) { return op::add(x[0], x[1]); },
                                     {kNan, kNan, 4.0, 1.0, 0.0})}});
@@ -143,15 +135,10 @@ inline std::vector<OpSpec> elementwise_ops() {
                                binary_cases(
                                    "a - b", [](V x) { return op::sub(x[0], x[1]); }, -1, 1, -1, 1),
                                typed_binary("operator -", [](const T& a, const T& b) { return a - b; })),
-                 .bad = {bad<ShapeError>("sub [2, 3] - [3, 2]",
-                                         [] {
-                                           sub(F::ones({2, 3}), F::ones({3, 2}));
-                                         },
+                 .bad = {bad<ShapeError>("sub [2, 3] - [3, 2]", [] { sub(F::ones({2, 3}), F::ones({3, 2})); },
                                          {"sub", "[2, 3]", "[3, 2]", "dimension"}),
                          bad_on_device<DeviceError>("sub cpu - cuda:0",
-                                                    [] {
-                                                      sub(F::ones({2, 3}), F::ones({2, 3}, Device::cuda(0)));
-                                                    },
+                                                    [] { sub(F::ones({2, 3}), F::ones({2, 3}, Device::cuda(0))); },
                                                     {"sub", "on cpu", "on cuda:0"})}});
   ops.push_back({.name = "mul",
                  .family = "elementwise",
@@ -161,15 +148,9 @@ inline std::vector<OpSpec> elementwise_ops() {
                                binary_cases(
                                    "a * b", [](V x) { return op::mul(x[0], x[1]); }, -1, 1, -1, 1),
                                typed_binary("operator *", [](const T& a, const T& b) { return a * b; })),
-                 .bad = {bad<ShapeError>("mul [2, 3] * [3, 2]",
-                                         [] {
-                                           mul(F::ones({2, 3}), F::ones({3, 2}));
-                                         },
+                 .bad = {bad<ShapeError>("mul [2, 3] * [3, 2]", [] { mul(F::ones({2, 3}), F::ones({3, 2})); },
                                          {"mul", "[2, 3]", "[3, 2]"}),
-                         bad<DTypeError>("mul float32 * float64",
-                                         [] {
-                                           op::mul(F::ones({2, 3}), D::ones({2, 3}));
-                                         },
+                         bad<DTypeError>("mul float32 * float64", [] { op::mul(F::ones({2, 3}), D::ones({2, 3})); },
                                          {"mul", "float32", "float64"})}});
   ops.push_back({.name = "div",
                  .family = "elementwise",
@@ -184,10 +165,7 @@ inline std::vector<OpSpec> elementwise_ops() {
                                binary_cases(
                                    "a / b, b in [-2, -0.5)", [](V x) { return op::div(x[0], x[1]); }, -1, 1, -2, -0.5),
                                typed_binary("operator /", [](const T& a, const T& b) { return a / b; })),
-                 .bad = {bad<ShapeError>("div [2, 3] / [2]",
-                                         [] {
-                                           div(F::ones({2, 3}), F::ones({2}));
-                                         },
+                 .bad = {bad<ShapeError>("div [2, 3] / [2]", [] { div(F::ones({2, 3}), F::ones({2})); },
                                          {"div", "[2, 3]", "[2]", "3 vs 2"}),
                          bad<ValueError>("integer division of 0-d by 0-d zero",
                                          [] { op::div(I64::scalar(3), I64::scalar(0)); }, {"div", "division by zero"}),
@@ -198,14 +176,9 @@ inline std::vector<OpSpec> elementwise_ops() {
                                          },
                                          {"div", "integer division by zero", "int32[3]"}),
                          bad<ValueError>("int64 [2] / int64 zeros [1]",
-                                         [] {
-                                           I64::from_vector({1, 2}, Shape{2}) / I64::zeros({1});
-                                         },
+                                         [] { I64::from_vector({1, 2}, Shape{2}) / I64::zeros({1}); },
                                          {"integer division by zero", "int64"}),
-                         bad<ValueError>("int64 [2] / 0.0",
-                                         [] {
-                                           I64::from_vector({1, 2}, Shape{2}) / 0.0;
-                                         },
+                         bad<ValueError>("int64 [2] / 0.0", [] { I64::from_vector({1, 2}, Shape{2}) / 0.0; },
                                          {"div", "integer division by zero"})},
                  .nan = {binary_nan("a / b with NaN, x / 0 and 0 / 0", [](V x) { return op::div(x[0], x[1]); },
                                     {kNan, kNan, 1.0, kInf, kNan}),
@@ -245,10 +218,7 @@ inline std::vector<OpSpec> elementwise_ops() {
   ops.push_back({.name = "pow",
                  .family = "elementwise",
                  .cases = pow_cases,
-                 .bad = {bad<ShapeError>("pow [2, 3] ^ [4, 1, 2]",
-                                         [] {
-                                           pow(F::ones({2, 3}), F::ones({4, 1, 2}));
-                                         },
+                 .bad = {bad<ShapeError>("pow [2, 3] ^ [4, 1, 2]", [] { pow(F::ones({2, 3}), F::ones({4, 1, 2})); },
                                          {"pow", "[4, 1, 2]"})},
                  .nan = {binary_nan("a ^ b with NaN (C's pow: pow(1, NaN) = 1)",
                                     [](V x) { return op::pow(x[0], x[1]); }, {kNan, 1.0, 4.0, 1.0, 1.0}),
@@ -262,15 +232,10 @@ inline std::vector<OpSpec> elementwise_ops() {
                                           .prepare = pull_ties_apart}},
                      binary_cases(
                          "no ties", [](V x) { return op::maximum(x[0], x[1]); }, -1, 1, -1, 1, pull_ties_apart)),
-       .bad = {bad<ShapeError>("maximum [2, 3] [2, 2]",
-                               [] {
-                                 maximum(F::ones({2, 3}), F::ones({2, 2}));
-                               },
+       .bad = {bad<ShapeError>("maximum [2, 3] [2, 2]", [] { maximum(F::ones({2, 3}), F::ones({2, 2})); },
                                {"maximum", "[2, 2]"}),
                bad_on_device<DeviceError>("maximum cpu cuda:0",
-                                          [] {
-                                            maximum(F::ones({2, 3}), F::ones({2, 3}, Device::cuda(0)));
-                                          },
+                                          [] { maximum(F::ones({2, 3}), F::ones({2, 3}, Device::cuda(0))); },
                                           {"maximum", "cuda:0"})},
        .nan = {binary_nan("maximum with NaN on either side: both get the whole gradient, ties split it",
                           [](V x) { return op::maximum(x[0], x[1]); }, {kNan, kNan, 2.0, 1.0, 0.0},
@@ -441,20 +406,12 @@ inline std::vector<OpSpec> elementwise_ops() {
                             .prepare = pull_ties_apart},
                            {.variant = "condition [3, 1, 4], a [2, 4], b []",
                             .inputs = {{{2, 4}}, {{}}},
-                            .fn =
-                                [=](V x) {
-                                  return op::where(positive({3, 1, 4}, 11, x[0]), x[0], x[1]);
-                                }},
+                            .fn = [=](V x) { return op::where(positive({3, 1, 4}, 11, x[0]), x[0], x[1]); }},
                            {.variant = "condition [2, 1], a [3], b [2, 3]",
                             .inputs = {{{3}}, {{2, 3}}},
-                            .fn =
-                                [=](V x) {
-                                  return op::where(positive({2, 1}, 12, x[0]), x[0], x[1]);
-                                }}},
+                            .fn = [=](V x) { return op::where(positive({2, 1}, 12, x[0]), x[0], x[1]); }}},
                  .bad = {bad<ShapeError>("where condition [4] against [2, 3]",
-                                         [] {
-                                           where(Tensor<uint8_t>::ones({4}), F::ones({2, 3}), F::ones({2, 3}));
-                                         },
+                                         [] { where(Tensor<uint8_t>::ones({4}), F::ones({2, 3}), F::ones({2, 3})); },
                                          {"where", "[4]", "[2, 3]"}),
                          bad_on_device<DeviceError>("where cpu condition, cuda:0 values",
                                                     [] {
@@ -470,17 +427,12 @@ inline std::vector<OpSpec> elementwise_ops() {
                             .differentiable = false}}});
   ops.push_back({.name = "eq",
                  .family = "elementwise",
-                 .bad = {bad<ShapeError>("eq [2, 3] [3]",
-                                         [] {
-                                           eq(F::ones({2, 3}), F::ones({2}));
-                                         },
+                 .bad = {bad<ShapeError>("eq [2, 3] [3]", [] { eq(F::ones({2, 3}), F::ones({2})); },
                                          {"eq", "[2, 3]", "[2]"})}});
   ops.push_back({.name = "lt",
                  .family = "elementwise",
                  .bad = {bad_on_device<DeviceError>("lt cpu cuda:0",
-                                                    [] {
-                                                      lt(F::ones({2, 3}), F::ones({2, 3}, Device::cuda(0)));
-                                                    },
+                                                    [] { lt(F::ones({2, 3}), F::ones({2, 3}, Device::cuda(0))); },
                                                     {"lt", "cuda:0"})}});
   return ops;
 }

@@ -32,43 +32,25 @@ inline std::vector<OpSpec> index_ops() {
        .family = "index",
        .cases = {{.variant = "[7, 4] dim 0 by {6, 0, 6, 2}",
                   .inputs = {{{7, 4}, -2, 2}},
-                  .fn =
-                      [](V x) {
-                        return op::index_select(x[0], 0, ids64({6, 0, 6, 2}, {4}, x[0]));
-                      }},
+                  .fn = [](V x) { return op::index_select(x[0], 0, ids64({6, 0, 6, 2}, {4}, x[0])); }},
                  // repeated indices: their gradients accumulate
                  {.variant = "[3, 4, 2] dim 0 by {2, 0, 2, 2, 1}",
                   .inputs = {{{3, 4, 2}}},
-                  .fn =
-                      [](V x) {
-                        return op::index_select(x[0], 0, ids64({2, 0, 2, 2, 1}, {5}, x[0]));
-                      }},
+                  .fn = [](V x) { return op::index_select(x[0], 0, ids64({2, 0, 2, 2, 1}, {5}, x[0])); }},
                  {.variant = "[3, 4, 2] dim 1 by {3, 3, 0}",
                   .inputs = {{{3, 4, 2}}},
-                  .fn =
-                      [](V x) {
-                        return op::index_select(x[0], 1, ids64({3, 3, 0}, {3}, x[0]));
-                      }},
+                  .fn = [](V x) { return op::index_select(x[0], 1, ids64({3, 3, 0}, {3}, x[0])); }},
                  {.variant = "[3, 4, 2] dim -1 by int32 {1, 1, 1, 0}",
                   .inputs = {{{3, 4, 2}}},
-                  .fn =
-                      [](V x) {
-                        return op::index_select(x[0], -1, ids32({1, 1, 1, 0}, {4}, x[0]));
-                      }},
+                  .fn = [](V x) { return op::index_select(x[0], -1, ids32({1, 1, 1, 0}, {4}, x[0])); }},
                  {.variant = "[4] dim 0 by {3, 3, 0}",
                   .inputs = {{{4}}},
-                  .fn =
-                      [](V x) {
-                        return op::index_select(x[0], 0, ids64({3, 3, 0}, {3}, x[0]));
-                      }},
+                  .fn = [](V x) { return op::index_select(x[0], 0, ids64({3, 3, 0}, {3}, x[0])); }},
                  // a 0-d index selects one entry and keeps the dimension with size 1
                  {.variant = "[2, 3] dim 1 by a 0-d index",
                   .inputs = {{{2, 3}}},
                   .fn = [](V x) { return op::index_select(x[0], 1, ids64({1}, {}, x[0])); }}},
-       .bad = {bad<IndexError>("index_select index 3 of size 3",
-                               [=] {
-                                 index_select(x32(), 0, idx({0, 3}));
-                               },
+       .bad = {bad<IndexError>("index_select index 3 of size 3", [=] { index_select(x32(), 0, idx({0, 3})); },
                                {"index_select", "index 3", "size 3", "[3, 2]"}),
                bad<IndexError>("index_select index -1 along dim 1", [=] { index_select(x32(), 1, idx({-1})); },
                                {"index_select", "index -1", "dimension 1", "size 2"}),
@@ -79,29 +61,20 @@ inline std::vector<OpSpec> index_ops() {
                                {"index_select", "dimension 2"}),
                bad<IndexError>("index_select dim -3", [=] { index_select(x32(), -3, idx({0})); },
                                {"index_select", "dimension -3"}),
-               bad<ShapeError>("index_select a 2-d index",
-                               [=] {
-                                 index_select(x32(), 0, I64::zeros({1, 1}));
-                               },
+               bad<ShapeError>("index_select a 2-d index", [=] { index_select(x32(), 0, I64::zeros({1, 1})); },
                                {"index_select", "1-D", "int64[1, 1]"}),
                bad<ShapeError>("index_select of a 0-d tensor", [=] { index_select(F::scalar(1), 0, idx({0})); },
                                {"index_select", "at least one dimension"}),
                bad<IndexError>("index_select from an empty dimension",
-                               [=] {
-                                 index_select(F::zeros({0, 2}), 0, idx({0}));
-                               },
+                               [=] { index_select(F::zeros({0, 2}), 0, idx({0})); },
                                {"index_select", "index 0", "size 0"}),
                bad<DTypeError>("index_select uint8 indices",
                                [=] { index_select(x32(), 0, Tensor<uint8_t>::zeros({1})); }, {"index_select", "uint8"}),
                bad<IndexError>("index_select [3, 4] by {0, 3}",
-                               [=] {
-                                 op::index_select(x34(), 0, I64::from_vector({0, 3}, {2}));
-                               },
+                               [=] { op::index_select(x34(), 0, I64::from_vector({0, 3}, {2})); },
                                {"index_select", "index 3 is out of range"}),
                bad<IndexError>("index_select [3, 4] by {1, 3}",
-                               [=] {
-                                 op::index_select(x34(), 0, I64::from_vector({1, 3}, {2}));
-                               },
+                               [=] { op::index_select(x34(), 0, I64::from_vector({1, 3}, {2})); },
                                {"index 3 is out of range"}),
                bad<IndexError>("index_select [3, 4] dim 1 by {-1}",
                                [=] { op::index_select(x34(), 1, I64::from_vector({-1}, {1})); },
@@ -110,9 +83,7 @@ inline std::vector<OpSpec> index_ops() {
                                [=] { op::index_select(x34(), 0, AnyTensor::zeros({2}, DType::Float32)); },
                                {"index_select", "float32"}),
                bad<ShapeError>("index_select [3, 4] by a [1, 2] index",
-                               [=] {
-                                 op::index_select(x34(), 0, I64::from_vector({0, 1}, {1, 2}));
-                               },
+                               [=] { op::index_select(x34(), 0, I64::from_vector({0, 1}, {1, 2})); },
                                {"index_select", "[1, 2]"}),
                bad<IndexError>("index_select [3, 4] dim 2",
                                [=] { op::index_select(x34(), 2, I64::from_vector({0}, {1})); },
@@ -135,10 +106,7 @@ inline std::vector<OpSpec> index_ops() {
        .family = "index",
        .cases = {{.variant = "[3, 5] dim 1 by [3, 3]",
                   .inputs = {{{3, 5}, -2, 2}},
-                  .fn =
-                      [](V x) {
-                        return op::gather(x[0], 1, ids64({4, 0, 1, 1, 2, 2, 3, 3, 0}, {3, 3}, x[0]));
-                      }},
+                  .fn = [](V x) { return op::gather(x[0], 1, ids64({4, 0, 1, 1, 2, 2, 3, 3, 0}, {3, 3}, x[0])); }},
                  // dim 0: an index [5, 4] with more rows than x, repeating
                  {.variant = "[3, 4] dim 0 by [5, 4]",
                   .inputs = {{{3, 4}}},
@@ -150,10 +118,7 @@ inline std::vector<OpSpec> index_ops() {
                       }},
                  {.variant = "[3, 4] dim 1 by [3, 2]",
                   .inputs = {{{3, 4}}},
-                  .fn =
-                      [](V x) {
-                        return op::gather(x[0], 1, ids64({3, 3, 0, 1, 2, 2}, {3, 2}, x[0]));
-                      }},
+                  .fn = [](V x) { return op::gather(x[0], 1, ids64({3, 3, 0, 1, 2, 2}, {3, 2}, x[0])); }},
                  {.variant = "[2, 3, 2] dim -1 by int32 [2, 3, 2]",
                   .inputs = {{{2, 3, 2}}},
                   .fn =
@@ -162,77 +127,43 @@ inline std::vector<OpSpec> index_ops() {
                       }},
                  {.variant = "[2, 3, 2] dim 1 by [2, 2, 2]",
                   .inputs = {{{2, 3, 2}}},
-                  .fn =
-                      [](V x) {
-                        return op::gather(x[0], 1, ids64({2, 0, 1, 1, 0, 0, 2, 2}, {2, 2, 2}, x[0]));
-                      }}},
-       .bad = {bad<IndexError>("gather index -1",
-                               [=] {
-                                 gather(x32(), 1, I64::full({3, 1}, -1.0));
-                               },
+                  .fn = [](V x) { return op::gather(x[0], 1, ids64({2, 0, 1, 1, 0, 0, 2, 2}, {2, 2, 2}, x[0])); }}},
+       .bad = {bad<IndexError>("gather index -1", [=] { gather(x32(), 1, I64::full({3, 1}, -1.0)); },
                                {"gather", "index -1"}),
-               bad<IndexError>("gather dim 2",
-                               [=] {
-                                 gather(x32(), 2, I64::zeros({3, 1}));
-                               },
+               bad<IndexError>("gather dim 2", [=] { gather(x32(), 2, I64::zeros({3, 1})); },
                                {"gather", "dimension 2"}),
                bad<ShapeError>("gather index of another rank", [=] { gather(x32(), 1, I64::zeros({3})); },
                                {"gather", "int64[3]", "rank", "[3, 2]"}),
-               bad<ShapeError>("gather index differing outside dim",
-                               [=] {
-                                 gather(x32(), 1, I64::zeros({2, 1}));
-                               },
+               bad<ShapeError>("gather index differing outside dim", [=] { gather(x32(), 1, I64::zeros({2, 1})); },
                                {"gather", "dimension 0", "[2, 1]"}),
                bad<ShapeError>("gather from a 0-d tensor", [] { gather(F::scalar(1), 0, I64::scalar(0)); },
                                {"gather", "rank"}),
-               bad<DTypeError>("gather float indices",
-                               [=] {
-                                 gather(x32(), 1, F::zeros({3, 1}));
-                               },
+               bad<DTypeError>("gather float indices", [=] { gather(x32(), 1, F::zeros({3, 1})); },
                                {"gather", "float32"}),
                bad<IndexError>("gather [3, 4] dim 1 index 4",
-                               [=] {
-                                 op::gather(x34(), 1, I64::from_vector({0, 4, 0}, {3, 1}));
-                               },
+                               [=] { op::gather(x34(), 1, I64::from_vector({0, 4, 0}, {3, 1})); },
                                {"gather", "index 4"}),
                bad<ShapeError>("gather [3, 4] by [2, 1]: dimension 0 differs",
-                               [=] {
-                                 op::gather(x34(), 1, I64::from_vector({0, 1}, {2, 1}));
-                               },
+                               [=] { op::gather(x34(), 1, I64::from_vector({0, 1}, {2, 1})); },
                                {"gather", "dimension 0"}),
                bad<ShapeError>("gather [3, 4] by [3]: the rank differs",
-                               [=] {
-                                 op::gather(x34(), 1, I64::from_vector({0, 1, 2}, {3}));
-                               },
+                               [=] { op::gather(x34(), 1, I64::from_vector({0, 1, 2}, {3})); },
                                {"gather", "rank"}),
                bad<IndexError>("gather [3, 4] dim 0 by int32 -2",
-                               [=] {
-                                 op::gather(x34(), 0, Tensor<int32_t>::from_vector({0, 0, 0, -2}, {1, 4}));
-                               },
+                               [=] { op::gather(x34(), 0, Tensor<int32_t>::from_vector({0, 0, 0, -2}, {1, 4})); },
                                {"gather", "index -2"}),
                bad_on_device<DeviceError>("gather cuda:0 index",
-                                          [=] {
-                                            gather(F::ones({2, 3}), 1, I64::zeros({2, 1}, Device::cuda(0)));
-                                          },
+                                          [=] { gather(F::ones({2, 3}), 1, I64::zeros({2, 1}, Device::cuda(0))); },
                                           {"gather", "cuda:0"})}});
   ops.push_back({.name = "embedding",
                  .family = "index",
                  .cases = {{.variant = "[5, 3] by [2, 3] ids with repeated rows",
                             .inputs = {{{5, 3}}},
-                            .fn =
-                                [](V w) {
-                                  return op::embedding(w[0], ids64({4, 0, 4, 1, 4, 0}, {2, 3}, w[0]));
-                                }},
+                            .fn = [](V w) { return op::embedding(w[0], ids64({4, 0, 4, 1, 4, 0}, {2, 3}, w[0])); }},
                            {.variant = "[3, 4] by int32 {2, 2, 2}",
                             .inputs = {{{3, 4}}},
-                            .fn =
-                                [](V w) {
-                                  return op::embedding(w[0], ids32({2, 2, 2}, {3}, w[0]));
-                                }}},
-                 .bad = {bad<IndexError>("embedding index 3 of 3 rows",
-                                         [=] {
-                                           embedding(x32(), idx({1, 3}));
-                                         },
+                            .fn = [](V w) { return op::embedding(w[0], ids32({2, 2, 2}, {3}, w[0])); }}},
+                 .bad = {bad<IndexError>("embedding index 3 of 3 rows", [=] { embedding(x32(), idx({1, 3})); },
                                          {"embedding", "index 3", "size 3"}),
                          bad<IndexError>("embedding index -1 (int32)",
                                          [=] { embedding(x32(), Tensor<int32_t>::from_vector({-1})); },
@@ -240,9 +171,7 @@ inline std::vector<OpSpec> index_ops() {
                          bad<ShapeError>("embedding with a 1-d weight", [=] { embedding(F::ones({3}), idx({0})); },
                                          {"embedding", "weight", "[3]"}),
                          bad<ShapeError>("embedding with a 3-d weight",
-                                         [=] {
-                                           embedding(F::ones({3, 2, 2}), idx({0}));
-                                         },
+                                         [=] { embedding(F::ones({3, 2, 2}), idx({0})); },
                                          {"embedding", "[3, 2, 2]"}),
                          bad<DTypeError>("embedding with float ids", [=] { embedding(x32(), F::zeros({2})); },
                                          {"embedding", "float32"}),

@@ -61,17 +61,11 @@ inline std::vector<OpSpec> linalg_ops() {
                             // one operand constant, and a chain (x W1) W2^T
                             {.variant = "x [2, 5, 4] times a constant [4, 3]",
                              .inputs = {{{2, 5, 4}}},
-                             .fn =
-                                 [](V x) {
-                                   return op::matmul(x[0], constant({4, 3}, 9, -1, 1, x[0]));
-                                 },
+                             .fn = [](V x) { return op::matmul(x[0], constant({4, 3}, 9, -1, 1, x[0])); },
                              .tolerance = Tolerance::Gemm},
                             {.variant = "a constant [4, 3]^T times x [4, 2]",
                              .inputs = {{{4, 2}}},
-                             .fn =
-                                 [](V x) {
-                                   return op::matmul(constant({4, 3}, 9, -1, 1, x[0]), x[0], true);
-                                 },
+                             .fn = [](V x) { return op::matmul(constant({4, 3}, 9, -1, 1, x[0]), x[0], true); },
                              .tolerance = Tolerance::Gemm},
                             {.variant = "(x [3, 4] W1 [4, 5]) W2^T [2, 5]",
                              .inputs = {{{3, 4}}, {{4, 5}}, {{2, 5}}},
@@ -94,55 +88,31 @@ inline std::vector<OpSpec> linalg_ops() {
                                          {"matmul", "scalars", "float32[]"}),
                          bad<ShapeError>("matmul [3] . [4]", [] { matmul(F::ones({3}), F::ones({4})); },
                                          {"matmul", "float32[3] on cpu times float32[4]", "3 vs 4"}),
-                         bad<ShapeError>("matmul [2, 3] x [2]",
-                                         [] {
-                                           matmul(F::ones({2, 3}), F::ones({2}));
-                                         },
+                         bad<ShapeError>("matmul [2, 3] x [2]", [] { matmul(F::ones({2, 3}), F::ones({2})); },
                                          {"matmul", "[2, 3] on cpu times float32[2]", "3 vs 2"}),
-                         bad<ShapeError>("matmul [5] x [4, 3]",
-                                         [] {
-                                           matmul(F::ones({5}), F::ones({4, 3}));
-                                         },
+                         bad<ShapeError>("matmul [5] x [4, 3]", [] { matmul(F::ones({5}), F::ones({4, 3})); },
                                          {"matmul", "float32[5] on cpu times float32[4, 3]", "5 vs 4"}),
                          bad<ShapeError>("matmul [2, 3] x [2, 3] transposed a",
-                                         [] {
-                                           matmul(F::ones({2, 3}), F::ones({2, 3}), true, true);
-                                         },
+                                         [] { matmul(F::ones({2, 3}), F::ones({2, 3}), true, true); },
                                          {"matmul", "(transposed)", "2 vs 3"}),
                          bad<ShapeError>("matmul [2, 2, 3] x [2, 4, 2]",
-                                         [] {
-                                           matmul(F::ones({2, 2, 3}), F::ones({2, 4, 2}));
-                                         },
+                                         [] { matmul(F::ones({2, 2, 3}), F::ones({2, 4, 2})); },
                                          {"matmul", "inner dimensions", "[2, 2, 3]", "[2, 4, 2]"}),
                          bad<ShapeError>("matmul batch [2, 1] x [3, 2]: no batch broadcasting",
-                                         [] {
-                                           matmul(F::ones({2, 1, 2, 3}), F::ones({3, 2, 3, 4}));
-                                         },
+                                         [] { matmul(F::ones({2, 1, 2, 3}), F::ones({3, 2, 3, 4})); },
                                          {"matmul", "batch dimensions"}),
-                         bad<ShapeError>("matmul [0, 3] x [0, 3]",
-                                         [] {
-                                           matmul(F::zeros({0, 3}), F::zeros({0, 3}));
-                                         },
+                         bad<ShapeError>("matmul [0, 3] x [0, 3]", [] { matmul(F::zeros({0, 3}), F::zeros({0, 3})); },
                                          {"matmul", "3 vs 0"}),
-                         bad<DTypeError>("matmul int64",
-                                         [] {
-                                           matmul(I64::ones({2, 2}), I64::ones({2, 2}));
-                                         },
+                         bad<DTypeError>("matmul int64", [] { matmul(I64::ones({2, 2}), I64::ones({2, 2})); },
                                          {"matmul", "int64"}),
                          bad<DTypeError>("matmul float32 x float64",
-                                         [] {
-                                           op::matmul(F::ones({2, 2}), D::ones({2, 2}));
-                                         },
+                                         [] { op::matmul(F::ones({2, 2}), D::ones({2, 2})); },
                                          {"matmul", "float32", "float64"}),
                          bad<ValueError>("matmul with an undefined input",
-                                         [] {
-                                           op::matmul(F::ones({2, 2}), AnyTensor());
-                                         },
+                                         [] { op::matmul(F::ones({2, 2}), AnyTensor()); },
                                          {"matmul", "second input"}),
                          bad_on_device<DeviceError>("matmul cpu x cuda:0",
-                                                    [] {
-                                                      matmul(F::ones({2, 3}), F::ones({3, 2}, Device::cuda(0)));
-                                                    },
+                                                    [] { matmul(F::ones({2, 3}), F::ones({3, 2}, Device::cuda(0))); },
                                                     {"matmul", "cuda:0"})}});
 
   std::vector<OpCase> lin = {{.variant = "bias in the GEMM, [3, 8, 16] with [5, 16] and [5]",
@@ -171,59 +141,36 @@ inline std::vector<OpSpec> linalg_ops() {
                  .family = "linalg",
                  .cases = lin,
                  .bad = {bad<ShapeError>("linear x [2, 5] with weight [3, 4]",
-                                         [=] {
-                                           op::linear(f32({2, 5}), f32({3, 4}), f32({3}));
-                                         },
+                                         [=] { op::linear(f32({2, 5}), f32({3, 4}), f32({3})); },
                                          {"linear", "[2, 5]", "[3, 4]"}),
                          bad<ShapeError>("linear with a 3-d weight",
-                                         [=] {
-                                           op::linear(f32({2, 4}), f32({3, 4, 1}), f32({3}));
-                                         },
+                                         [=] { op::linear(f32({2, 4}), f32({3, 4, 1}), f32({3})); },
                                          {"linear", "[3, 4, 1]"}),
-                         bad<ShapeError>("linear with a 1-d weight",
-                                         [=] {
-                                           op::linear(f32({2, 4}), f32({4}));
-                                         },
+                         bad<ShapeError>("linear with a 1-d weight", [=] { op::linear(f32({2, 4}), f32({4})); },
                                          {"linear: the weight must be [out_features, in_features]"}),
                          bad<ShapeError>("linear with a bias [4] for 3 outputs",
-                                         [=] {
-                                           op::linear(f32({2, 4}), f32({3, 4}), f32({4}));
-                                         },
+                                         [=] { op::linear(f32({2, 4}), f32({3, 4}), f32({4})); },
                                          {"linear", "[4]"}),
                          bad<ShapeError>("linear with a bias [1, 3]",
-                                         [=] {
-                                           op::linear(f32({2, 4}), f32({3, 4}), f32({1, 3}));
-                                         },
+                                         [=] { op::linear(f32({2, 4}), f32({3, 4}), f32({1, 3})); },
                                          {"linear: the bias must be [3]", "[1, 3]"}),
-                         bad<ShapeError>("linear of a 0-d input",
-                                         [=] {
-                                           op::linear(f32({}), f32({3, 4}), f32({3}));
-                                         },
+                         bad<ShapeError>("linear of a 0-d input", [=] { op::linear(f32({}), f32({3, 4}), f32({3})); },
                                          {"linear", "float32[]"}),
                          bad<DTypeError>("linear with a float64 bias",
-                                         [=] {
-                                           op::linear(f32({2, 4}), f32({3, 4}), A::zeros({3}, DType::Float64));
-                                         },
+                                         [=] { op::linear(f32({2, 4}), f32({3, 4}), A::zeros({3}, DType::Float64)); },
                                          {"linear", "float64"}),
                          bad<DTypeError>("linear with a float64 weight",
-                                         [=] {
-                                           op::linear(f32({2, 4}), A::zeros({3, 4}, DType::Float64));
-                                         },
+                                         [=] { op::linear(f32({2, 4}), A::zeros({3, 4}, DType::Float64)); },
                                          {"linear", "float64", "float32"}),
                          bad<DTypeError>("linear of int32",
                                          [] {
                                            op::linear(A::zeros({2, 4}, DType::Int32), A::zeros({3, 4}, DType::Int32));
                                          },
                                          {"linear", "int32"}),
-                         bad<ValueError>("linear of an undefined input",
-                                         [=] {
-                                           op::linear(AnyTensor(), f32({3, 4}));
-                                         },
+                         bad<ValueError>("linear of an undefined input", [=] { op::linear(AnyTensor(), f32({3, 4})); },
                                          {"linear", "undefined"}),
                          bad<ValueError>("linear with an undefined weight",
-                                         [=] {
-                                           op::linear(f32({2, 4}), AnyTensor());
-                                         },
+                                         [=] { op::linear(f32({2, 4}), AnyTensor()); },
                                          {"linear", "undefined"})}});
 
   // linear_act's parity, with its cuBLASLt epilogues and their tolerances, is in test_linalg.cpp.
@@ -270,9 +217,7 @@ inline std::vector<OpSpec> linalg_ops() {
                            },
                            {"linear_relu", "int32"}),
            bad<ValueError>("linear_act relu of an undefined input",
-                           [] {
-                             op::linear_act(AnyTensor(), F::randn({5, 3}), AnyTensor(), LinearActivation::Relu);
-                           },
+                           [] { op::linear_act(AnyTensor(), F::randn({5, 3}), AnyTensor(), LinearActivation::Relu); },
                            {"linear_relu", "undefined"}),
            // none: linear's own checks and name
            bad<ShapeError>("linear_act none, x [4, 3] with weight [5, 4]",

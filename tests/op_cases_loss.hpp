@@ -56,19 +56,13 @@ inline std::vector<OpSpec> loss_ops() {
                  },
              .parity = false}},
        .bad = {bad<IndexError>("cross_entropy target 3 of 3 classes",
-                               [=] {
-                                 fnl::cross_entropy(logits(), idx({0, 3}));
-                               },
+                               [=] { fnl::cross_entropy(logits(), idx({0, 3})); },
                                {"cross_entropy", "target 3", "3 classes", "[2, 3]"}),
                bad<IndexError>("cross_entropy target -1 (ignore_index -100)",
-                               [=] {
-                                 fnl::cross_entropy(logits(), idx({-1, 0}));
-                               },
+                               [=] { fnl::cross_entropy(logits(), idx({-1, 0})); },
                                {"cross_entropy", "target -1", "ignore_index -100"}),
                bad<IndexError>("cross_entropy int32 target 7",
-                               [=] {
-                                 fnl::cross_entropy(logits(), Tensor<int32_t>::from_vector({7, 0}));
-                               },
+                               [=] { fnl::cross_entropy(logits(), Tensor<int32_t>::from_vector({7, 0})); },
                                {"cross_entropy", "target 7"}),
                bad<IndexError>("cross_entropy 1-d input, 0-d target 5",
                                [] { fnl::cross_entropy(F::zeros({3}), I64::scalar(5)); },
@@ -76,21 +70,14 @@ inline std::vector<OpSpec> loss_ops() {
                bad<DTypeError>("cross_entropy float target", [=] { fnl::cross_entropy(logits(), F::zeros({2})); },
                                {"cross_entropy", "class indices", "float32[2]"}),
                bad<ShapeError>("cross_entropy target [3] for [2, 3]",
-                               [=] {
-                                 fnl::cross_entropy(logits(), idx({0, 1, 2}));
-                               },
+                               [=] { fnl::cross_entropy(logits(), idx({0, 1, 2})); },
                                {"cross_entropy", "int64[3]", "[2, 3]", "expected target shape [2]"}),
                bad<ShapeError>("cross_entropy target [2, 1] for [2, 3]",
-                               [=] {
-                                 fnl::cross_entropy(logits(), I64::zeros({2, 1}));
-                               },
+                               [=] { fnl::cross_entropy(logits(), I64::zeros({2, 1})); },
                                {"cross_entropy", "[2, 1]"}),
                bad<ShapeError>("cross_entropy 0-d input", [] { fnl::cross_entropy(F::scalar(0), I64::scalar(0)); },
                                {"cross_entropy", "[C] or [N, C, ...]"}),
-               bad<ShapeError>("cross_entropy no classes",
-                               [=] {
-                                 fnl::cross_entropy(F::zeros({2, 0}), idx({0, 0}));
-                               },
+               bad<ShapeError>("cross_entropy no classes", [=] { fnl::cross_entropy(F::zeros({2, 0}), idx({0, 0})); },
                                {"cross_entropy", "no classes"}),
                bad<ShapeError>("cross_entropy weight [2] for 3 classes",
                                [=] { fnl::cross_entropy(logits(), t(), {.weight = F::ones({2})}); },
@@ -104,23 +91,16 @@ inline std::vector<OpSpec> loss_ops() {
                bad<ValueError>("cross_entropy reduction 'avg'",
                                [=] { fnl::cross_entropy(logits(), t(), {.reduction = "avg"}); },
                                {"cross_entropy", "'avg'"}),
-               bad<DTypeError>("op::cross_entropy of int64 logits",
-                               [=] {
-                                 op::cross_entropy(I64::zeros({2, 3}), t());
-                               },
+               bad<DTypeError>("op::cross_entropy of int64 logits", [=] { op::cross_entropy(I64::zeros({2, 3}), t()); },
                                {"cross_entropy", "floating", "int64[2, 3]"}),
                bad<ValueError>("op::cross_entropy label_smoothing -0.5",
                                [=] { op::cross_entropy(logits(), t(), {}, -100, -0.5); },
                                {"cross_entropy", "label_smoothing", "-0.5"}),
                bad<IndexError>("cross_entropy [3, 4] target 4 of 4 classes",
-                               [=] {
-                                 fnl::cross_entropy(x34(), I64::from_vector({0, 4, 1}, {3}));
-                               },
+                               [=] { fnl::cross_entropy(x34(), I64::from_vector({0, 4, 1}, {3})); },
                                {"cross_entropy", "target 4 is out of bounds for 4 classes"}),
                bad<IndexError>("cross_entropy [3, 4] target -1",
-                               [=] {
-                                 fnl::cross_entropy(x34(), I64::from_vector({0, -1, 1}, {3}));
-                               },
+                               [=] { fnl::cross_entropy(x34(), I64::from_vector({0, -1, 1}, {3})); },
                                {"cross_entropy", "target -1"}),
                bad<ShapeError>("cross_entropy [3, 4] target [4]", [=] { fnl::cross_entropy(x34(), I64::zeros({4})); },
                                {"cross_entropy", "[4]"}),
@@ -130,9 +110,7 @@ inline std::vector<OpSpec> loss_ops() {
                                [=] { fnl::cross_entropy(x34(), I64::zeros({3}), {.weight = F::ones({3})}); },
                                {"cross_entropy", "weight", "[3]"}),
                bad_on_device<DeviceError>("cross_entropy cuda:0 target",
-                                          [=] {
-                                            fnl::cross_entropy(F::ones({2, 3}), I64::zeros({2}, gpu));
-                                          },
+                                          [=] { fnl::cross_entropy(F::ones({2, 3}), I64::zeros({2}, gpu)); },
                                           {"cross_entropy", "cuda:0"}),
                bad_on_device<DeviceError>(
                    "cross_entropy cuda:0 class weight",
@@ -155,20 +133,13 @@ inline std::vector<OpSpec> loss_ops() {
   ops.push_back(
       {.name = "nll_loss",
        .family = "loss",
-       .bad = {bad<IndexError>("nll_loss target 3",
-                               [=] {
-                                 fnl::nll_loss(logits(), idx({3, 0}));
-                               },
+       .bad = {bad<IndexError>("nll_loss target 3", [=] { fnl::nll_loss(logits(), idx({3, 0})); },
                                {"nll_loss", "target 3"}),
                bad<IndexError>("nll_loss target -2 with ignore_index 1",
-                               [=] {
-                                 fnl::nll_loss(logits(), idx({1, -2}), {.ignore_index = 1});
-                               },
+                               [=] { fnl::nll_loss(logits(), idx({1, -2}), {.ignore_index = 1}); },
                                {"nll_loss", "target -2", "ignore_index 1"}),
                bad<ShapeError>("nll_loss [2, 3, 4] with target [2, 3]",
-                               [] {
-                                 fnl::nll_loss(F::zeros({2, 3, 4}), I64::zeros({2, 3}));
-                               },
+                               [] { fnl::nll_loss(F::zeros({2, 3, 4}), I64::zeros({2, 3})); },
                                {"nll_loss", "[2, 3, 4]", "expected target shape [2, 4]"}),
                bad<DTypeError>("nll_loss uint8 target", [=] { fnl::nll_loss(logits(), Tensor<uint8_t>::zeros({2})); },
                                {"nll_loss", "uint8"}),
@@ -177,22 +148,16 @@ inline std::vector<OpSpec> loss_ops() {
                bad<ValueError>("op::nll_loss of an undefined input", [=] { op::nll_loss(AnyTensor(), t()); },
                                {"nll_loss", "input", "undefined"}),
                bad<DTypeError>("op::nll_loss of a uint8 input",
-                               [=] {
-                                 op::nll_loss(Tensor<uint8_t>::zeros({2, 3}), t());
-                               },
+                               [=] { op::nll_loss(Tensor<uint8_t>::zeros({2, 3}), t()); },
                                {"nll_loss", "uint8[2, 3]"}),
                bad<ShapeError>("op::nll_loss weight [2] for 3 classes",
                                [=] { op::nll_loss(logits(), t(), F::ones({2})); },
                                {"nll_loss", "weight", "[2]", "[3]"}),
                bad_on_device<DeviceError>("op::nll_loss cuda:0 target",
-                                          [=] {
-                                            op::nll_loss(F::ones({2, 3}), I64::zeros({2}, gpu));
-                                          },
+                                          [=] { op::nll_loss(F::ones({2, 3}), I64::zeros({2}, gpu)); },
                                           {"nll_loss", "int64[2] on cuda:0"}),
                bad_on_device<DeviceError>("op::nll_loss cuda:0 class weight",
-                                          [=] {
-                                            op::nll_loss(F::ones({2, 3}), I64::zeros({2}), F::ones({3}, gpu));
-                                          },
+                                          [=] { op::nll_loss(F::ones({2, 3}), I64::zeros({2}), F::ones({3}, gpu)); },
                                           {"nll_loss", "float32[3] on cuda:0"})},
        .nan = {all_ignored(
                    "mean nll_loss with every target ignored (ignore_index 3): NaN, zero gradients",
@@ -202,10 +167,7 @@ inline std::vector<OpSpec> loss_ops() {
                {.what = "mean nll_loss with one valid target: the usual mean",
                 .values = {{0.1, 0.2, 0.3, 0.4, 0.5, 0.6}},
                 .shapes = {Shape{2, 3}},
-                .fn =
-                    [](V x) {
-                      return AnyTensor(fnl::nll_loss(D(x[0]), I64::from_vector({-100, 2}, Shape{2})));
-                    },
+                .fn = [](V x) { return AnyTensor(fnl::nll_loss(D(x[0]), I64::from_vector({-100, 2}, Shape{2}))); },
                 .want = {-0.6},
                 .want_grads = {{0, 0, 0, 0, 0, -1}},
                 .rtol = 1e-12}}});
@@ -213,10 +175,7 @@ inline std::vector<OpSpec> loss_ops() {
                  .family = "loss",
                  .bad = {bad<ShapeError>("mse_loss [2, 3] against [4]", [=] { fnl::mse_loss(logits(), F::zeros({4})); },
                                          {"mse_loss", "[2, 3] (input)", "[4] (target)"}),
-                         bad<DTypeError>("mse_loss int64 target",
-                                         [=] {
-                                           fnl::mse_loss(logits(), I64::zeros({2, 3}));
-                                         },
+                         bad<DTypeError>("mse_loss int64 target", [=] { fnl::mse_loss(logits(), I64::zeros({2, 3})); },
                                          {"mse_loss", "int64"}),
                          bad<ValueError>("mse_loss reduction 'max'", [=] { fnl::mse_loss(logits(), logits(), "max"); },
                                          {"mse_loss", "'max'"}),
@@ -246,9 +205,7 @@ inline std::vector<OpSpec> loss_ops() {
                                          },
                                          {"binary_cross_entropy_with_logits", "pos_weight", "[2]"}),
                          bad<DTypeError>("bce int64 target",
-                                         [=] {
-                                           fnl::binary_cross_entropy_with_logits(logits(), I64::zeros({2, 3}));
-                                         },
+                                         [=] { fnl::binary_cross_entropy_with_logits(logits(), I64::zeros({2, 3})); },
                                          {"binary_cross_entropy_with_logits", "int64"})}});
   return ops;
 }

@@ -71,20 +71,10 @@ inline std::vector<OpSpec> norm_ops() {
                   .parity = false}},
        .bad = {bad<ValueError>("rms_norm eps NaN", [=] { op::rms_norm(x23(), 3, {}, std::nan("")); },
                                {"rms_norm", "eps"}),
-               bad<DTypeError>("rms_norm of int64",
-                               [] {
-                                 op::rms_norm(I64::ones({2, 3}), 3);
-                               },
-                               {"rms_norm", "int64"}),
-               bad<DTypeError>("rms_norm of int32",
-                               [] {
-                                 op::rms_norm(Tensor<int32_t>::zeros({2, 3}), 3);
-                               },
+               bad<DTypeError>("rms_norm of int64", [] { op::rms_norm(I64::ones({2, 3}), 3); }, {"rms_norm", "int64"}),
+               bad<DTypeError>("rms_norm of int32", [] { op::rms_norm(Tensor<int32_t>::zeros({2, 3}), 3); },
                                {"rms_norm", "int32"}),
-               bad<ShapeError>("functional rms_norm shape [2, 3, 1]",
-                               [=] {
-                                 fn::rms_norm(x23(), {2, 3, 1});
-                               },
+               bad<ShapeError>("functional rms_norm shape [2, 3, 1]", [=] { fn::rms_norm(x23(), {2, 3, 1}); },
                                {"rms_norm", "[2, 3, 1]"}),
                bad<ShapeError>("functional rms_norm shape [0]", [=] { fn::rms_norm(x23(), {0}); }, {"rms_norm", "[0]"}),
                bad<ShapeError>("functional rms_norm shape [7] of [4, 6]", [=] { fn::rms_norm(x46(), {7}); },
@@ -93,9 +83,7 @@ inline std::vector<OpSpec> norm_ops() {
       {.name = "batch_norm",
        .family = "norm",
        .bad = {bad<ValueError>("batch_norm fused op on an int64 input",
-                               [] {
-                                 op::batch_norm_train(I64::ones({2, 3}), AnyTensor(), AnyTensor(), 1e-5);
-                               },
+                               [] { op::batch_norm_train(I64::ones({2, 3}), AnyTensor(), AnyTensor(), 1e-5); },
                                {"batch_norm", "int64[2, 3]"}),
                bad<ValueError>("batch_norm fused op weight [2] for 3 channels",
                                [=] { op::batch_norm_train(x23(), F::ones({2}), AnyTensor(), 1e-5); },

@@ -94,18 +94,12 @@ inline std::vector<OpSpec> reduce_ops() {
        .family = "reduce",
        .cases = join(std::vector<OpCase>{{.variant = "[4, 5, 6] dims {0,2}",
                                           .inputs = {{{4, 5, 6}, -2, 2}},
-                                          .fn =
-                                              [](V x) {
-                                                return op::sum(x[0], {0, 2});
-                                              }},
+                                          .fn = [](V x) { return op::sum(x[0], {0, 2}); }},
                                          {.variant = "[33, 17] all",
                                           .inputs = {{{33, 17}, -2, 2}},
                                           .fn = [](V x) { return op::sum(x[0]); }}},
                      dim_set_cases(sum_of, false)),
-       .bad = {bad<IndexError>("sum dim -3 of rank 2",
-                               [] {
-                                 sum(F::ones({2, 3}), {-3});
-                               },
+       .bad = {bad<IndexError>("sum dim -3 of rank 2", [] { sum(F::ones({2, 3}), {-3}); },
                                {"sum", "dimension -3", "rank 2"}),
                bad<IndexError>("sum of a 0-d tensor over dim 1", [] { sum(F::scalar(1), {1}); },
                                {"sum", "dimension 1", "rank 0"}),
@@ -119,10 +113,7 @@ inline std::vector<OpSpec> reduce_ops() {
                                                     .inputs = {{{4, 5, 6}, -2, 2}},
                                                     .fn = [](V x) { return op::mean(x[0], {1}, true); }}},
                                dim_set_cases(mean_of, false)),
-                 .bad = {bad<IndexError>("mean dim 2 of rank 2",
-                                         [] {
-                                           mean(F::ones({2, 3}), {2});
-                                         },
+                 .bad = {bad<IndexError>("mean dim 2 of rank 2", [] { mean(F::ones({2, 3}), {2}); },
                                          {"mean", "dimension 2", "rank 2"}),
                          bad<DTypeError>("mean of int64", [] { mean(I64::ones({3})); }, {"mean", "int64"})},
                  .nan = {with_nan("mean of [1, NaN, 3, 4]", [](V x) { return op::mean(x[0]); }, {kNan})}});
@@ -133,15 +124,8 @@ inline std::vector<OpSpec> reduce_ops() {
                                           .inputs = {{{4, 50}, -2, 2}},
                                           .fn = [](V x) { return op::max(x[0], {1}); }}},
                      dim_set_cases(max_of, true)),
-       .bad = {bad<IndexError>("max dims {0, 5}",
-                               [] {
-                                 max(F::ones({2, 3}), {0, 5});
-                               },
-                               {"max", "dimension 5"}),
-               bad<ShapeError>("max over the empty dimension",
-                               [] {
-                                 max(F::zeros({3, 0}), {1});
-                               },
+       .bad = {bad<IndexError>("max dims {0, 5}", [] { max(F::ones({2, 3}), {0, 5}); }, {"max", "dimension 5"}),
+               bad<ShapeError>("max over the empty dimension", [] { max(F::zeros({3, 0}), {1}); },
                                {"max", "empty dimension 1", "[3, 0]"})},
        // torch's evenly_distribute_backward: when the max is NaN the gradient goes to the NaN(s).
        .nan = {with_nan("max of [1, NaN, 3, 4]: NaN, its gradient to the NaN", [](V x) { return op::max(x[0]); },
@@ -154,11 +138,7 @@ inline std::vector<OpSpec> reduce_ops() {
                                                     .inputs = {{{4, 50}, -2, 2}},
                                                     .fn = [](V x) { return op::min(x[0]); }}},
                                dim_set_cases(min_of, true)),
-                 .bad = {bad<IndexError>("min dim -3",
-                                         [] {
-                                           min(F::ones({2, 3}), {-3});
-                                         },
-                                         {"min", "dimension -3"})},
+                 .bad = {bad<IndexError>("min dim -3", [] { min(F::ones({2, 3}), {-3}); }, {"min", "dimension -3"})},
                  .nan = {with_nan("min of [1, NaN, 3, 4]", [](V x) { return op::min(x[0]); }, {kNan}),
                          {.what = "min of [NaN, 1, NaN]: the gradient split between the NaNs",
                           .values = {{kNan, 1.0, kNan}},
@@ -169,33 +149,16 @@ inline std::vector<OpSpec> reduce_ops() {
   ops.push_back(
       {.name = "argmax",
        .family = "reduce",
-       .cases = {{.variant = "[6, 40] dim 1",
-                  .inputs = {{{6, 40}, -2, 2}},
-                  .fn = [](V x) { return op::argmax(x[0], {1}); },
-                  .differentiable = false}},
-       .bad = {bad<IndexError>("argmax dim 2",
-                               [] {
-                                 argmax(F::ones({2, 3}), {2});
-                               },
-                               {"argmax", "dimension 2"}),
-               bad<ShapeError>("argmax over 2 of 3 dimensions",
-                               [] {
-                                 argmax(F::ones({2, 3, 4}), {0, 1});
-                               },
+       .cases = {forward_only("[6, 40] dim 1", {6, 40}, [](V x) { return op::argmax(x[0], {1}); })},
+       .bad = {bad<IndexError>("argmax dim 2", [] { argmax(F::ones({2, 3}), {2}); }, {"argmax", "dimension 2"}),
+               bad<ShapeError>("argmax over 2 of 3 dimensions", [] { argmax(F::ones({2, 3, 4}), {0, 1}); },
                                {"argmax", "one dimension or all", "[2, 3, 4]"})},
        .nan = {with_nan("argmax of [1, NaN, 3, 4] is the NaN's index", [](V x) { return op::argmax(x[0]); }, {1.0})}});
   ops.push_back(
       {.name = "argmin",
        .family = "reduce",
-       .cases = {{.variant = "[6, 40] dim 0",
-                  .inputs = {{{6, 40}, -2, 2}},
-                  .fn = [](V x) { return op::argmin(x[0], {0}); },
-                  .differentiable = false}},
-       .bad = {bad<IndexError>("argmin dim -5",
-                               [] {
-                                 argmin(F::ones({2, 3}), {-5});
-                               },
-                               {"argmin", "dimension -5"}),
+       .cases = {forward_only("[6, 40] dim 0", {6, 40}, [](V x) { return op::argmin(x[0], {0}); })},
+       .bad = {bad<IndexError>("argmin dim -5", [] { argmin(F::ones({2, 3}), {-5}); }, {"argmin", "dimension -5"}),
                bad<ShapeError>("argmin of an empty tensor", [] { argmin(F::zeros({0})); }, {"argmin", "[0]"})}});
   std::vector<OpCase> var_cases, std_cases;
   for (double c : {0.0, 1.0}) {
@@ -212,24 +175,14 @@ inline std::vector<OpSpec> reduce_ops() {
   ops.push_back({.name = "var",
                  .family = "reduce",
                  .cases = var_cases,
-                 .bad = {bad<IndexError>("var dim 3",
-                                         [] {
-                                           var(F::ones({2, 3}), {3});
-                                         },
-                                         {"var", "dimension 3"}),
+                 .bad = {bad<IndexError>("var dim 3", [] { var(F::ones({2, 3}), {3}); }, {"var", "dimension 3"}),
                          bad<DTypeError>("var of int64", [] { op::var(I64::ones({3})); }, {"var", "int64"}),
-                         bad<ValueError>("var with a negative correction",
-                                         [] {
-                                           var(F::ones({2, 3}), {}, -1.0);
-                                         },
+                         bad<ValueError>("var with a negative correction", [] { var(F::ones({2, 3}), {}, -1.0); },
                                          {"var", "correction", "-1"})}});
   ops.push_back({.name = "std",
                  .family = "reduce",
                  .cases = std_cases,
-                 .bad = {bad<IndexError>("std dim -4",
-                                         [] {
-                                           op::std(F::ones({2, 3}), {-4});
-                                         },
+                 .bad = {bad<IndexError>("std dim -4", [] { op::std(F::ones({2, 3}), {-4}); },
                                          {"std", "dimension -4"})}});
 
   // ---------------------------------------------------------------- softmax
@@ -257,10 +210,7 @@ inline std::vector<OpSpec> reduce_ops() {
            .fn = [](V x) { return op::neg(op::sum(op::mul(op::log_softmax(x[0], 1), op::softmax(x[1], 1)), {1})); }});
     OpSpec s{.name = name, .family = "reduce", .cases = cases};
     if (log) {
-      s.bad = {bad<IndexError>("log_softmax dim -3",
-                               [] {
-                                 log_softmax(F::ones({2, 3}), -3);
-                               },
+      s.bad = {bad<IndexError>("log_softmax dim -3", [] { log_softmax(F::ones({2, 3}), -3); },
                                {"log_softmax", "dimension -3"}),
                bad<IndexError>("log_softmax of a 0-d tensor over dim -2", [] { log_softmax(F::scalar(1), -2); },
                                {"log_softmax", "dimension -2"}),
@@ -269,10 +219,7 @@ inline std::vector<OpSpec> reduce_ops() {
           "log_softmax of rows with NaN and infinities", [](V x) { return op::log_softmax(x[0]); },
           {-kInf, std::log(0.5), std::log(0.5)}, 1e-12)};
     } else {
-      s.bad = {bad<IndexError>("softmax dim 2",
-                               [] {
-                                 softmax(F::ones({2, 3}), 2);
-                               },
+      s.bad = {bad<IndexError>("softmax dim 2", [] { softmax(F::ones({2, 3}), 2); },
                                {"softmax", "dimension 2", "rank 2"}),
                bad<IndexError>("softmax of a 0-d tensor over dim 1", [] { softmax(F::scalar(1), 1); },
                                {"softmax", "dimension 1"})};

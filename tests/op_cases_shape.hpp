@@ -57,10 +57,7 @@ inline std::vector<OpSpec> shape_ops() {
 
   std::vector<OpCase> perm = {{.variant = "[2, 3, 4, 5] by {3,1,0,2}",
                                .inputs = {{{2, 3, 4, 5}, -2, 2}},
-                               .fn =
-                                   [](V x) {
-                                     return op::permute(x[0], {3, 1, 0, 2});
-                                   }},
+                               .fn = [](V x) { return op::permute(x[0], {3, 1, 0, 2}); }},
                               {.variant = "[2, 3, 2, 4] by {3,1,0,2}", .inputs = {{{2, 3, 2, 4}}}, .fn = [](V x) {
                                  return op::permute(x[0], {3, 1, 0, 2});
                                }}};
@@ -72,20 +69,9 @@ inline std::vector<OpSpec> shape_ops() {
   ops.push_back({.name = "permute",
                  .family = "shape",
                  .cases = perm,
-                 .bad = {bad<IndexError>("permute [0, 2]",
-                                         [=] {
-                                           permute(x23(), {0, 2});
-                                         },
-                                         {"permute", "dimension 2"}),
-                         bad<ShapeError>("permute [0, 0]",
-                                         [=] {
-                                           permute(x23(), {0, 0});
-                                         },
-                                         {"permute", "repeated"}),
-                         bad<ShapeError>("permute [1, 0, 2] of rank 2",
-                                         [=] {
-                                           permute(x23(), {1, 0, 2});
-                                         },
+                 .bad = {bad<IndexError>("permute [0, 2]", [=] { permute(x23(), {0, 2}); }, {"permute", "dimension 2"}),
+                         bad<ShapeError>("permute [0, 0]", [=] { permute(x23(), {0, 0}); }, {"permute", "repeated"}),
+                         bad<ShapeError>("permute [1, 0, 2] of rank 2", [=] { permute(x23(), {1, 0, 2}); },
                                          {"permute", "3 dimensions"})}});
   ops.push_back(
       {.name = "transpose",
@@ -115,11 +101,7 @@ inline std::vector<OpSpec> shape_ops() {
        .family = "shape",
        .cases = ex,
        .bad = {bad<ShapeError>("expand [2, 3] to [3]", [=] { expand(x23(), Shape{3}); }, {"expand", "[2, 3]", "[3]"}),
-               bad<ShapeError>("expand [2, 3] to [2, 1]",
-                               [=] {
-                                 expand(x23(), Shape{2, 1});
-                               },
-                               {"expand", "[2, 1]"}),
+               bad<ShapeError>("expand [2, 3] to [2, 1]", [=] { expand(x23(), Shape{2, 1}); }, {"expand", "[2, 1]"}),
                bad<ShapeError>("expand [2] to [0]", [] { expand(F::ones({2}), Shape{0}); },
                                {"expand", "[2]", "[0]"})}});
   ops.push_back(
@@ -145,10 +127,7 @@ inline std::vector<OpSpec> shape_ops() {
                  through_view("flatten 1..2", [](const AnyTensor& x) { return op::flatten(x, 1, 2); }),
                  through_view("flatten 0..1", [](const AnyTensor& x) { return op::flatten(x, 0, 1); })},
        .bad = {bad<IndexError>("flatten start 2 of rank 2", [=] { flatten(x23(), 2); }, {"flatten", "dimension 2"}),
-               bad<ShapeError>("flatten start after end",
-                               [] {
-                                 flatten(F::ones({2, 3, 4}), 2, 1);
-                               },
+               bad<ShapeError>("flatten start after end", [] { flatten(F::ones({2, 3, 4}), 2, 1); },
                                {"flatten", "start 2 after end 1"})}});
   ops.push_back(
       {.name = "reshape",
@@ -158,40 +137,22 @@ inline std::vector<OpSpec> shape_ops() {
                                 return x.reshape({4, -1});
                               }),
                  through_view("reshape {24}", [](const AnyTensor& x) { return x.reshape({24}); })},
-       .bad = {bad<ShapeError>("reshape [2, 3] to [4, -1]",
-                               [=] {
-                                 x23().reshape({4, -1});
-                               },
-                               {"reshape", "[2, 3]"}),
-               bad<ShapeError>("reshape with two -1",
-                               [=] {
-                                 x23().reshape({-1, -1});
-                               },
+       .bad = {bad<ShapeError>("reshape [2, 3] to [4, -1]", [=] { x23().reshape({4, -1}); }, {"reshape", "[2, 3]"}),
+               bad<ShapeError>("reshape with two -1", [=] { x23().reshape({-1, -1}); },
                                {"reshape", "more than one -1"}),
-               bad<ShapeError>("reshape with -2",
-                               [=] {
-                                 x23().reshape({-2, 3});
-                               },
+               bad<ShapeError>("reshape with -2", [=] { x23().reshape({-2, 3}); },
                                {"reshape", "negative dimension -2"}),
-               bad<ShapeError>("reshape an empty tensor with -1 and 0",
-                               [] {
-                                 F::zeros({0}).reshape({0, -1});
-                               },
+               bad<ShapeError>("reshape an empty tensor with -1 and 0", [] { F::zeros({0}).reshape({0, -1}); },
                                {"reshape", "cannot infer -1", "[0]"}),
                bad<ShapeError>("reshape whose known sizes overflow int64",
-                               [] {
-                                 F::zeros({0}).reshape({int64_t{1} << 32, int64_t{1} << 32, 4, -1});
-                               },
+                               [] { F::zeros({0}).reshape({int64_t{1} << 32, int64_t{1} << 32, 4, -1}); },
                                {"reshape", "overflows"}),
                bad<ShapeError>("reshape 0-d to [2]", [=] { s0().reshape({2}); }, {"reshape", "float32[]", "[2]"})}});
   ops.push_back({.name = "concat",
                  .family = "shape",
                  .cases = {{.variant = "[2, 3] and [2, 5] along 1",
                             .inputs = {{{2, 3}, -2, 2}, {{2, 5}, -2, 2}},
-                            .fn =
-                                [](V x) {
-                                  return op::concat({x[0], x[1]}, 1);
-                                }},
+                            .fn = [](V x) { return op::concat({x[0], x[1]}, 1); }},
                            {.variant = "3 inputs along 0",
                             .inputs = {{{1, 3, 2}}, {{2, 3, 2}}, {{3, 3, 2}}},
                             .fn = [](V x) { return op::concat(x, 0); }},
@@ -204,35 +165,17 @@ inline std::vector<OpSpec> shape_ops() {
                            // the same tensor twice: both gradients add up in it
                            {.variant = "{a, b, a} along 1",
                             .inputs = {{{2, 2}}, {{2, 3}}},
-                            .fn =
-                                [](V x) {
-                                  return op::concat({x[0], x[1], x[0]}, 1);
-                                }}},
+                            .fn = [](V x) { return op::concat({x[0], x[1], x[0]}, 1); }}},
                  .bad = {bad<ValueError>("concat of nothing", [] { op::concat({}); }, {"concat", "no tensors"}),
-                         bad<IndexError>("concat dim 2",
-                                         [=] {
-                                           concat(std::vector<F>{x23(), x23()}, 2);
-                                         },
+                         bad<IndexError>("concat dim 2", [=] { concat(std::vector<F>{x23(), x23()}, 2); },
                                          {"concat", "dimension 2"}),
-                         bad<IndexError>("concat of 0-d tensors",
-                                         [=] {
-                                           concat(std::vector<F>{s0(), s0()});
-                                         },
+                         bad<IndexError>("concat of 0-d tensors", [=] { concat(std::vector<F>{s0(), s0()}); },
                                          {"concat", "rank 0"}),
-                         bad<ShapeError>("concat ranks 2 and 1",
-                                         [=] {
-                                           concat(std::vector<F>{x23(), F::ones({3})});
-                                         },
+                         bad<ShapeError>("concat ranks 2 and 1", [=] { concat(std::vector<F>{x23(), F::ones({3})}); },
                                          {"concat", "tensor 1", "[3]", "[2, 3]"}),
-                         bad<DTypeError>("concat float32 and float64",
-                                         [=] {
-                                           op::concat({x23(), D::ones({2, 3})});
-                                         },
+                         bad<DTypeError>("concat float32 and float64", [=] { op::concat({x23(), D::ones({2, 3})}); },
                                          {"concat", "float32", "float64"}),
-                         bad<ValueError>("concat with an undefined tensor",
-                                         [=] {
-                                           op::concat({x23(), AnyTensor()});
-                                         },
+                         bad<ValueError>("concat with an undefined tensor", [=] { op::concat({x23(), AnyTensor()}); },
                                          {"concat", "undefined"}),
                          bad_on_device<DeviceError>("concat cpu and cuda:0",
                                                     [=] {
@@ -243,10 +186,7 @@ inline std::vector<OpSpec> shape_ops() {
                  .family = "shape",
                  .cases = {{.variant = "[4, 6] by {2, 4} along 1, the second piece",
                             .inputs = {{{4, 6}, -2, 2}},
-                            .fn =
-                                [](V x) {
-                                  return op::split(x[0], {2, 4}, 1)[1];
-                                }},
+                            .fn = [](V x) { return op::split(x[0], {2, 4}, 1)[1]; }},
                            pieces("{1, 3, 2} along 0", {6, 3},
                                   [](const AnyTensor& x) {
                                     return op::split(x, {1, 3, 2}, 0);
@@ -264,15 +204,8 @@ inline std::vector<OpSpec> shape_ops() {
                                     return op::split(x, {1, 2, 1}, 0);
                                   },
                                   {0, 2})},
-                 .bad = {bad<IndexError>("split dim 2",
-                                         [=] {
-                                           split(x23(), {1, 1}, 2);
-                                         },
-                                         {"split", "dimension 2"}),
-                         bad<ShapeError>("split negative size",
-                                         [=] {
-                                           split(x23(), {3, -1}, 0);
-                                         },
+                 .bad = {bad<IndexError>("split dim 2", [=] { split(x23(), {1, 1}, 2); }, {"split", "dimension 2"}),
+                         bad<ShapeError>("split negative size", [=] { split(x23(), {3, -1}, 0); },
                                          {"split", "negative size -1"}),
                          bad<ShapeError>("split sizes {} of a non-empty dimension", [=] { split(x23(), {}, 0); },
                                          {"split", "add up to 0"}),

@@ -95,45 +95,19 @@ TEST_CASE("bad input: nn layers' forward", "[bad_input]") {
   nn::MaxPool2d pool(2);
   const F q = F::ones({2, 5, 4});
   check_raises({
-      bad<ShapeError>("Linear(4, 3) on [2, 5]",
-                      [&] {
-                        lin(F::ones({2, 5}));
-                      },
+      bad<ShapeError>("Linear(4, 3) on [2, 5]", [&] { lin(F::ones({2, 5})); },
                       {"Linear(4, 3)", "[2, 5]", "4 features"}),
       bad<ShapeError>("Linear(4, 3) on a 0-d tensor", [&] { lin(scalar_f(1)); }, {"Linear(4, 3)", "float32[]"}),
-      bad<ShapeError>("Linear(4, 3) on [4, 0]",
-                      [&] {
-                        lin(F::ones({4, 0}));
-                      },
-                      {"Linear(4, 3)", "[4, 0]"}),
+      bad<ShapeError>("Linear(4, 3) on [4, 0]", [&] { lin(F::ones({4, 0})); }, {"Linear(4, 3)", "[4, 0]"}),
       bad<ValueError>("Linear(0, 3)", [&] { nn::Linear(0, 3); }, {"Linear", "positive", "0 -> 3"}),
-      bad<ShapeError>("Conv2d(2, 4) on 3 channels",
-                      [&] {
-                        conv(F::ones({1, 3, 5, 5}));
-                      },
-                      {"conv2d", "[1, 3, 5, 5]"}),
-      bad<ShapeError>("Conv2d on an unbatched [2, 5, 5]",
-                      [&] {
-                        conv(F::ones({2, 5, 5}));
-                      },
-                      {"conv2d", "[2, 5, 5]"}),
-      bad<ShapeError>("Conv2d on a 2x2 image",
-                      [&] {
-                        conv(F::ones({1, 2, 2, 2}));
-                      },
-                      {"conv2d", "too small"}),
-      bad<ShapeError>("Conv2d(1, 1, 3) on a 2x2 image",
-                      [&] {
-                        nn::Conv2d(1, 1, 3)(F::ones({1, 1, 2, 2}));
-                      },
+      bad<ShapeError>("Conv2d(2, 4) on 3 channels", [&] { conv(F::ones({1, 3, 5, 5})); }, {"conv2d", "[1, 3, 5, 5]"}),
+      bad<ShapeError>("Conv2d on an unbatched [2, 5, 5]", [&] { conv(F::ones({2, 5, 5})); }, {"conv2d", "[2, 5, 5]"}),
+      bad<ShapeError>("Conv2d on a 2x2 image", [&] { conv(F::ones({1, 2, 2, 2})); }, {"conv2d", "too small"}),
+      bad<ShapeError>("Conv2d(1, 1, 3) on a 2x2 image", [&] { nn::Conv2d(1, 1, 3)(F::ones({1, 1, 2, 2})); },
                       {"conv2d"}),
       bad<ValueError>("Conv2d groups 3 for 2 channels", [&] { nn::Conv2d(2, 4, 3, {.groups = 3}); },
                       {"Conv2d", "groups 3"}),
-      bad<IndexError>("Embedding(5, 2) id 5",
-                      [&] {
-                        emb(idx({0, 5}));
-                      },
-                      {"embedding", "index 5", "size 5"}),
+      bad<IndexError>("Embedding(5, 2) id 5", [&] { emb(idx({0, 5})); }, {"embedding", "index 5", "size 5"}),
       bad<IndexError>("Embedding(5, 2) id -1", [&] { emb(idx({-1})); }, {"embedding", "index -1"}),
       bad<DTypeError>("Embedding float ids", [&] { emb(F::zeros({2})); }, {"Embedding", "int64 or int32", "float32"}),
       bad<ValueError>("Embedding(5, 0)", [&] { nn::Embedding(5, 0); }, {"Embedding", "5 x 0"}),
@@ -144,100 +118,47 @@ TEST_CASE("bad input: nn layers' forward", "[bad_input]") {
                        {"Embedding", "4611686018427387904 elements"}),
       bad<ShapeError>("Conv2d(2^32, 2^32, 3)", [&] { nn::Conv2d(int64_t{1} << 32, int64_t{1} << 32, 3); },
                       {"Conv2d", "4294967296"}),
-      bad<ShapeError>("LayerNorm([3, 4]) on [2, 4, 3]",
-                      [&] {
-                        ln(F::ones({2, 4, 3}));
-                      },
+      bad<ShapeError>("LayerNorm([3, 4]) on [2, 4, 3]", [&] { ln(F::ones({2, 4, 3})); },
                       {"layer_norm", "[2, 4, 3]", "[3, 4]"}),
       bad<ShapeError>("LayerNorm([3, 4]) on [4]", [&] { ln(F::ones({4})); }, {"layer_norm", "[4]"}),
-      bad<ValueError>("LayerNorm([2, -1])",
-                      [&] {
-                        nn::LayerNorm(std::vector<int64_t>{2, -1});
-                      },
+      bad<ValueError>("LayerNorm([2, -1])", [&] { nn::LayerNorm(std::vector<int64_t>{2, -1}); },
                       {"LayerNorm", "[2, -1]", "positive"}),
       bad<ValueError>("RMSNorm(0)", [&] { nn::RMSNorm(0); }, {"RMSNorm", "[0]"}),
-      bad<ShapeError>("RMSNorm(4) on [4, 3]",
-                      [&] {
-                        rms(F::ones({4, 3}));
-                      },
-                      {"rms_norm", "[4, 3]"}),
-      bad<ShapeError>("BatchNorm1d(3) on [2, 4]",
-                      [&] {
-                        bn1(F::ones({2, 4}));
-                      },
+      bad<ShapeError>("RMSNorm(4) on [4, 3]", [&] { rms(F::ones({4, 3})); }, {"rms_norm", "[4, 3]"}),
+      bad<ShapeError>("BatchNorm1d(3) on [2, 4]", [&] { bn1(F::ones({2, 4})); },
                       {"BatchNorm1d(3)", "[2, 4]", "4 channels"}),
-      bad<ShapeError>("BatchNorm1d(3) on [2, 3, 4, 5]",
-                      [&] {
-                        bn1(F::ones({2, 3, 4, 5}));
-                      },
-                      {"BatchNorm1d(3)", "2-D"}),
+      bad<ShapeError>("BatchNorm1d(3) on [2, 3, 4, 5]", [&] { bn1(F::ones({2, 3, 4, 5})); }, {"BatchNorm1d(3)", "2-D"}),
       bad<ShapeError>("BatchNorm1d(3) on [3]", [&] { bn1(F::ones({3})); }, {"BatchNorm1d(3)", "[3]"}),
-      bad<ShapeError>("BatchNorm2d(3) on [2, 3, 4]",
-                      [&] {
-                        bn2(F::ones({2, 3, 4}));
-                      },
-                      {"BatchNorm2d(3)", "4-D"}),
-      bad<ValueError>("BatchNorm2d(3) training on one value per channel",
-                      [&] {
-                        bn2(F::ones({1, 3, 1, 1}));
-                      },
+      bad<ShapeError>("BatchNorm2d(3) on [2, 3, 4]", [&] { bn2(F::ones({2, 3, 4})); }, {"BatchNorm2d(3)", "4-D"}),
+      bad<ValueError>("BatchNorm2d(3) training on one value per channel", [&] { bn2(F::ones({1, 3, 1, 1})); },
                       {"BatchNorm2d", "more than 1 value per channel", "[1, 3, 1, 1]"}),
       bad<ValueError>("BatchNorm1d(0)", [&] { nn::BatchNorm1d(0); }, {"BatchNorm1d", "num_features"}),
-      bad<ShapeError>("MaxPool2d on a 1x1 image",
-                      [&] {
-                        pool(F::ones({1, 1, 1, 1}));
-                      },
-                      {"max_pool2d", "[1, 1, 1, 1]"}),
-      bad<ShapeError>("MaxPool2d(3) on a 2x2 image",
-                      [&] {
-                        nn::MaxPool2d(3)(F::ones({1, 1, 2, 2}));
-                      },
-                      {"max_pool2d"}),
-      bad<ShapeError>("MultiheadAttention(4, 2) on embed 3",
-                      [&] {
-                        mha(F::ones({2, 5, 3}));
-                      },
+      bad<ShapeError>("MaxPool2d on a 1x1 image", [&] { pool(F::ones({1, 1, 1, 1})); }, {"max_pool2d", "[1, 1, 1, 1]"}),
+      bad<ShapeError>("MaxPool2d(3) on a 2x2 image", [&] { nn::MaxPool2d(3)(F::ones({1, 1, 2, 2})); }, {"max_pool2d"}),
+      bad<ShapeError>("MultiheadAttention(4, 2) on embed 3", [&] { mha(F::ones({2, 5, 3})); },
                       {"MultiheadAttention(4, 2)", "[2, 5, 3]", "embed_dim 4"}),
-      bad<ShapeError>("MultiheadAttention on a 4-d query",
-                      [&] {
-                        mha(F::ones({1, 2, 5, 4}));
-                      },
+      bad<ShapeError>("MultiheadAttention on a 4-d query", [&] { mha(F::ones({1, 2, 5, 4})); },
                       {"MultiheadAttention", "3-D", "[1, 2, 5, 4]"}),
       bad<ShapeError>("MultiheadAttention on a 1-d query", [&] { mha(F::ones({4})); }, {"MultiheadAttention", "[4]"}),
       bad<ShapeError>("MultiheadAttention key of rank 2, query of rank 3",
-                      [&] {
-                        mha.forward(q, F::ones({5, 4}), F::ones({5, 4}));
-                      },
+                      [&] { mha.forward(q, F::ones({5, 4}), F::ones({5, 4})); },
                       {"MultiheadAttention", "[5, 4]"}),
       bad<ShapeError>("MultiheadAttention batch 2 against 3",
-                      [&] {
-                        mha.forward(q, F::ones({3, 5, 4}), F::ones({3, 5, 4}));
-                      },
+                      [&] { mha.forward(q, F::ones({3, 5, 4}), F::ones({3, 5, 4})); },
                       {"MultiheadAttention", "batch sizes differ", "[3, 5, 4]"}),
-      bad<ShapeError>("MultiheadAttention key 6 against value 5",
-                      [&] {
-                        mha.forward(q, F::ones({2, 6, 4}), q);
-                      },
+      bad<ShapeError>("MultiheadAttention key 6 against value 5", [&] { mha.forward(q, F::ones({2, 6, 4}), q); },
                       {"MultiheadAttention", "sequence length", "[2, 6, 4]"}),
       bad<ShapeError>("MultiheadAttention attn_mask [5, 4]",
-                      [&] {
-                        mha.forward(q, nn::AttentionMask{.attn_mask = F::zeros({5, 4})});
-                      },
+                      [&] { mha.forward(q, nn::AttentionMask{.attn_mask = F::zeros({5, 4})}); },
                       {"MultiheadAttention", "attn_mask", "[5, 4]", "[5, 5]"}),
       bad<ShapeError>("MultiheadAttention attn_mask [3, 5, 5]",
-                      [&] {
-                        mha.forward(q, nn::AttentionMask{.attn_mask = F::zeros({3, 5, 5})});
-                      },
+                      [&] { mha.forward(q, nn::AttentionMask{.attn_mask = F::zeros({3, 5, 5})}); },
                       {"MultiheadAttention", "attn_mask", "[4, 5, 5]"}),
       bad<ShapeError>("MultiheadAttention key_padding_mask [5, 2]",
-                      [&] {
-                        mha.forward(q, nn::AttentionMask{.key_padding_mask = Tensor<uint8_t>::zeros({5, 2})});
-                      },
+                      [&] { mha.forward(q, nn::AttentionMask{.key_padding_mask = Tensor<uint8_t>::zeros({5, 2})}); },
                       {"MultiheadAttention", "key_padding_mask", "[5, 2]", "[2, 5]"}),
       bad<DTypeError>("MultiheadAttention int64 attn_mask",
-                      [&] {
-                        mha.forward(q, nn::AttentionMask{.attn_mask = I64::zeros({5, 5})});
-                      },
+                      [&] { mha.forward(q, nn::AttentionMask{.attn_mask = I64::zeros({5, 5})}); },
                       {"MultiheadAttention", "mask", "int64"}),
       bad<ValueError>("MultiheadAttention(6, 4)", [&] { nn::MultiheadAttention(6, 4); },
                       {"MultiheadAttention", "embed_dim 6", "num_heads 4"}),
@@ -304,36 +225,17 @@ TEST_CASE("bad input: optimizers given mismatched state or gradients", "[bad_inp
                       {"SGD", "empty parameter list"}),
       bad<ValueError>("SGD of an undefined parameter", [&] { optim::SGD({AnyTensor()}); }, {"SGD", "undefined"}),
       bad<DTypeError>("SGD of an int64 parameter", [&] { optim::SGD({I64::ones({2})}); }, {"SGD", "int64"}),
-      bad<ValueError>("SGD with a parameter twice",
-                      [&] {
-                        optim::SGD({p, p});
-                      },
-                      {"SGD", "more than once"}),
+      bad<ValueError>("SGD with a parameter twice", [&] { optim::SGD({p, p}); }, {"SGD", "more than once"}),
       // A gradient of another shape than its parameter (set by hand) is refused by step(), naming
       // the optimizer and both shapes: it used to broadcast ([1] into [2, 3]) silently, or fail in add.
       bad<ShapeError>("SGD.step with a [1] gradient for a [2, 3] parameter",
-                      [&] {
-                        p.set_grad(F::ones({1}));
-                        sgd.step();
-                      },
+                      [&] { p.set_grad(F::ones({1})); sgd.step(); },
                       {"SGD", "gradient", "[1]", "[2, 3]"}),
-      bad<ShapeError>("Adam.step with a [3, 2] gradient",
-                      [&] {
-                        p.set_grad(F::ones({3, 2}));
-                        adam.step();
-                      },
+      bad<ShapeError>("Adam.step with a [3, 2] gradient", [&] { p.set_grad(F::ones({3, 2})); adam.step(); },
                       {"Adam", "gradient", "[3, 2]", "[2, 3]"}),
-      bad<ShapeError>("RMSprop.step with a [2, 3, 1] gradient",
-                      [&] {
-                        p.set_grad(F::ones({2, 3, 1}));
-                        rmsprop.step();
-                      },
+      bad<ShapeError>("RMSprop.step with a [2, 3, 1] gradient", [&] { p.set_grad(F::ones({2, 3, 1})); rmsprop.step(); },
                       {"RMSprop", "gradient", "[2, 3, 1]"}),
-      bad<DTypeError>("SGD.step with an int64 gradient",
-                      [&] {
-                        p.set_grad(I64::ones({2, 3}));
-                        sgd.step();
-                      },
+      bad<DTypeError>("SGD.step with an int64 gradient", [&] { p.set_grad(I64::ones({2, 3})); sgd.step(); },
                       {"SGD", "gradient", "int64"}),
   });
   // Nothing was changed by the refused steps.
@@ -360,25 +262,15 @@ TEST_CASE("bad input: operands on different devices", "[bad_input][device]") {
   check_raises({
       bad<DeviceError>("Linear on cpu given a cuda:0 input", [&] { lin(xg); }, {"linear", "cuda:0", "on cpu"}),
       bad<DeviceError>("MultiheadAttention cuda:0 key",
-                       [&] {
-                         mha.forward(F::ones({1, 2, 4}), F::ones({1, 2, 4}, gpu), F::ones({1, 2, 4}));
-                       },
+                       [&] { mha.forward(F::ones({1, 2, 4}), F::ones({1, 2, 4}, gpu), F::ones({1, 2, 4})); },
                        {"MultiheadAttention", "cuda:0"}),
       bad<DeviceError>("MultiheadAttention cuda:0 attn_mask",
-                       [&] {
-                         mha.forward(F::ones({1, 2, 4}), nn::AttentionMask{.attn_mask = F::zeros({2, 2}, gpu)});
-                       },
+                       [&] { mha.forward(F::ones({1, 2, 4}), nn::AttentionMask{.attn_mask = F::zeros({2, 2}, gpu)}); },
                        {"MultiheadAttention", "cuda:0"}),
-      bad<DeviceError>("BatchNorm1d on cpu given a cuda:0 input",
-                       [&] {
-                         bn(F::ones({4, 3}, gpu));
-                       },
+      bad<DeviceError>("BatchNorm1d on cpu given a cuda:0 input", [&] { bn(F::ones({4, 3}, gpu)); },
                        {"BatchNorm1d(3)", "cuda:0", "on cpu"}),
       bad<DeviceError>("SGD.step with a cuda:0 gradient for a cpu parameter",
-                       [&] {
-                         p.set_grad(F::ones({2}, gpu));
-                         sgd.step();
-                       },
+                       [&] { p.set_grad(F::ones({2}, gpu)); sgd.step(); },
                        {"SGD.step", "cuda:0", "on cpu"}),
   });
   CHECK(p.to_vector() == std::vector<float>{1, 1});
@@ -401,15 +293,10 @@ TEST_CASE("bad input: layer, scheduler and clipping options", "[bad_input]") {
       bad<ValueError>("BatchNorm1d eps -1", [&] { nn::BatchNorm1d(3, {.eps = -1.0}); }, {"BatchNorm1d", "eps"}),
       bad<ValueError>("TransformerBlock hidden_dim -1", [&] { nn::TransformerBlock(4, 2, {.hidden_dim = -1}); },
                       {"TransformerBlock", "hidden_dim", "-1"}),
-      bad<ShapeError>("TransformerBlock(4, 2) on embed 5",
-                      [&] {
-                        nn::TransformerBlock(4, 2)(F::ones({1, 3, 5}));
-                      },
+      bad<ShapeError>("TransformerBlock(4, 2) on embed 5", [&] { nn::TransformerBlock(4, 2)(F::ones({1, 3, 5})); },
                       {"layer_norm", "[1, 3, 5]", "[4]"}),
       bad<ShapeError>("TransformerBlock(4, 2) on a 4-d input",
-                      [&] {
-                        nn::TransformerBlock(4, 2)(F::ones({1, 1, 3, 4}));
-                      },
+                      [&] { nn::TransformerBlock(4, 2)(F::ones({1, 1, 3, 4})); },
                       {"MultiheadAttention", "[1, 1, 3, 4]"}),
       bad<ValueError>("SmoothL1Loss beta -2", [&] { nn::SmoothL1Loss("mean", -2.0); }, {"SmoothL1Loss", "beta", "-2"}),
       bad<ValueError>("StepLR step_size 0", [&] { optim::StepLR(sgd, 0); }, {"StepLR", "step_size", "0"}),
@@ -443,26 +330,13 @@ TEST_CASE("bad input: tensor basics and autograd entry points", "[bad_input]") {
   check_raises({
       bad<ShapeError>("item() of [2]", [&] { F::ones({2}).item(); }, {"item()", "[2]"}),
       bad<ShapeError>("item() of an empty tensor", [&] { F::zeros({0}).item(); }, {"item()", "[0]"}),
-      bad<ShapeError>("copy_ [3] into [2, 3]",
-                      [&] {
-                        F::zeros({2, 3}).copy_(F::ones({3}));
-                      },
+      bad<ShapeError>("copy_ [3] into [2, 3]", [&] { F::zeros({2, 3}).copy_(F::ones({3})); },
                       {"copy_", "[3]", "[2, 3]"}),
-      bad<ShapeError>("from_vector 3 values for [2, 2]",
-                      [&] {
-                        F::from_vector({1, 2, 3}, Shape{2, 2});
-                      },
+      bad<ShapeError>("from_vector 3 values for [2, 2]", [&] { F::from_vector({1, 2, 3}, Shape{2, 2}); },
                       {"from_vector", "3", "[2, 2]"}),
       bad<ValueError>("arange step 0", [&] { F::arange(0, 5, 0); }, {"arange", "step"}),
-      bad<ShapeError>("zeros with a negative dimension",
-                      [&] {
-                        F::zeros({2, -1});
-                      },
-                      {"negative dimension -1"}),
-      bad<ShapeError>("zeros of 9 dimensions",
-                      [&] {
-                        F::zeros({1, 1, 1, 1, 1, 1, 1, 1, 1});
-                      },
+      bad<ShapeError>("zeros with a negative dimension", [&] { F::zeros({2, -1}); }, {"negative dimension -1"}),
+      bad<ShapeError>("zeros of 9 dimensions", [&] { F::zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}); },
                       {"more than 8 dimensions"}),
       bad<DTypeError>("Tensor<double> of a float32 tensor", [&] { D{AnyTensor(x)}; }, {"Tensor<float64>", "float32"}),
       bad<DTypeError>("set_requires_grad on int64", [&] { I64::ones({2}).set_requires_grad(true); },
