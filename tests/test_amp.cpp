@@ -132,21 +132,8 @@ class CountingCudaBackend : public cpu::CpuBackend {
   double last_grad_unscale = 0.0;
 };
 
-CountingCudaBackend& counting_backend() {
-  static CountingCudaBackend b;
-  return b;
-}
-
-struct CountingGpu {
-  Backend* (*saved_factory)(int) = nullptr;
-  int saved_count = 0;
-  CountingGpu() {
-    saved_factory = detail::cuda_backend_factory();
-    saved_count = detail::cuda_device_count_slot();
-    register_cuda_backend([](int) -> Backend* { return &counting_backend(); }, 1);
-  }
-  ~CountingGpu() { register_cuda_backend(saved_factory, saved_count); }
-};
+using CountingGpu = testing::StandIn<CountingCudaBackend, testing::CudaStandIn::Always>;
+CountingCudaBackend& counting_backend() { return CountingGpu::backend(); }
 
 }  // namespace
 

@@ -13,19 +13,15 @@
 #include <ember/ember.hpp>
 #include <ember/ops/batch_norm.hpp>
 
-#include "error_message.hpp"
 #include "gradcheck.hpp"
+#include "pretend_gpu.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
+using ember::testing::ThreadsGuard;
 using Catch::Contains;
 
 namespace {
-
-// Restores the thread count a test changed.
-struct ThreadsGuard {
-  int saved = get_num_threads();
-  ~ThreadsGuard() { set_num_threads(saved); }
-};
 
 // BatchNorm2d's former composition (mean, subtract, square, mean, rsqrt, multiply, add), as the
 // reference of the fused op.
@@ -173,28 +169,7 @@ class NoFusedBatchNormBackend : public cpu::CpuBackend {
 
 // cuda:0 served by NoFusedBatchNormBackend for a scope, on a machine without a GPU. With one, cuda:0
 // stays the CUDA backend, which has no fused batch norm either.
-struct NoFusedBatchNormDevice {
-  Backend* (*saved_factory)(int) = nullptr;
-  int saved_count = 0;
-  bool registered = false;
-  NoFusedBatchNormDevice() {
-    if (cuda::is_available()) return;
-    saved_factory = detail::cuda_backend_factory();
-    saved_count = detail::cuda_device_count_slot();
-    register_cuda_backend(
-        [](int) -> Backend* {
-          static NoFusedBatchNormBackend b;
-          return &b;
-        },
-        1);
-    registered = true;
-  }
-  ~NoFusedBatchNormDevice() {
-    if (registered) register_cuda_backend(saved_factory, saved_count);
-  }
-  NoFusedBatchNormDevice(const NoFusedBatchNormDevice&) = delete;
-  NoFusedBatchNormDevice& operator=(const NoFusedBatchNormDevice&) = delete;
-};
+using NoFusedBatchNormDevice = testing::StandIn<NoFusedBatchNormBackend>;
 
 }  // namespace
 

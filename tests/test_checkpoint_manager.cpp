@@ -25,6 +25,7 @@
 #include "ember/train/checkpoint_manager.hpp"
 #include "resume_run.hpp"
 #include "temp_dir.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 namespace fs = std::filesystem;
@@ -34,11 +35,6 @@ namespace {
 struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("ember-ckpt") {}
 };
-
-bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
-  if (a.dtype() != b.dtype() || !(a.shape() == b.shape())) return false;
-  return a.nbytes() == 0 || std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -190,7 +186,7 @@ TEST_CASE("CheckpointManager: save, scan, load restore model, optimizer, schedul
   data::DistributedSampler s2(10, 1, 0);
   CHECK(train::sampler_position_from(r.data, &s2).index == 6);
   CHECK(s2.epoch() == 4);
-  CHECK(same_bytes(lin.weight, lin2.weight));
+  CHECK(testing::same_bytes(lin.weight, lin2.weight));
   CHECK(opt2.param_groups()[0].options == opt.param_groups()[0].options);
   CHECK(sched2.last_epoch() == 3);
   CHECK(sched2.get_last_lr() == sched.get_last_lr());
@@ -201,7 +197,7 @@ TEST_CASE("CheckpointManager: save, scan, load restore model, optimizer, schedul
   CHECK(mine.offset() == 10);
   auto a = opt.state_dict(), b = opt2.state_dict();
   for (auto& [i, s] : a.state)
-    for (size_t k = 0; k < s.size(); ++k) CHECK(same_bytes(s[k].second, b.state[i][k].second));
+    for (size_t k = 0; k < s.size(); ++k) CHECK(testing::same_bytes(s[k].second, b.state[i][k].second));
 
   // Saving the same step again replaces it.
   ckpt.save(3, t, {.epoch = 9});
@@ -351,7 +347,7 @@ TEST_CASE("CheckpointManager: exact resume in a new process (dropout, AdamW, war
   for (size_t i = 1; i < straight.size(); ++i) {
     INFO(straight[i].first);
     CHECK(straight[i].first == resumed[i].first);
-    CHECK(same_bytes(straight[i].second, resumed[i].second));
+    CHECK(testing::same_bytes(straight[i].second, resumed[i].second));
   }
   // The run was not trivial: the scaler skipped or grew, and the lr moved.
   CHECK(Tensor<double>(io::SafetensorsFile(dir.path / "straight.safetensors").get("scale")).item() != 1024.0);

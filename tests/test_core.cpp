@@ -352,3 +352,15 @@ TEST_CASE("devices: cpu always exists, CUDA state is reported honestly", "[core]
     CHECK(t.to(Device::cpu()).to_vector() == std::vector<float>{0, 1, 2, 3});
   }
 }
+
+TEST_CASE("gaps: a std::vector<int64_t> serves as a Shape", "[gaps][core]") {
+  const std::vector<int64_t> dims{2, 3};
+  auto t = Tensor<float>::from_vector({1, 2, 3, 4, 5, 6}, dims);
+  CHECK(t.shape() == Shape{2, 3});
+  CHECK(Tensor<double>::zeros(dims).numel() == 6);
+  CHECK(t.reshape(std::vector<int64_t>{3, 2}).shape() == Shape{3, 2});
+  Shape s = dims;
+  CHECK(s.vec() == dims);
+  CHECK_THROWS_AS(Tensor<float>::from_vector({1, 2}, dims), ShapeError);
+  CHECK_THROWS_AS(Shape(std::vector<int64_t>{2, -1}), ShapeError);
+}

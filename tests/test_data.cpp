@@ -17,9 +17,11 @@
 #include "ember/data/dataset.hpp"
 #include "ember/data/idx.hpp"
 #include "ember/data/npy.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using namespace ember::data;
+using ember::testing::message_of;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -68,16 +70,6 @@ std::vector<uint8_t> idx_bytes(uint8_t type, const std::vector<uint32_t>& dims, 
   }
   b.insert(b.end(), payload.begin(), payload.end());
   return b;
-}
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
 }
 
 const char* kSklearn = "/usr/lib/python3/dist-packages/sklearn/datasets/data";

@@ -19,22 +19,14 @@
 #include "ember/data/dataloader_json.hpp"
 #include "ember/data/transforms.hpp"
 #include "pretend_gpu.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using namespace ember::data;
+using ember::testing::message_of;
 using Catch::Matchers::Contains;
 
 namespace {
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
 
 // n uint8 "images" [H, W] whose pixels encode the index, and int64 labels = index.
 TensorDataset image_dataset(int64_t n, int64_t h = 6, int64_t w = 5) {
@@ -449,16 +441,8 @@ class CountingPretendCuda : public cpu::CpuBackend {
   }
   std::atomic<int> pinned_allocs{0}, pinned_frees{0}, uploads{0}, fresh_uploads{0}, upload_allocs{0}, waits{0};
 };
-CountingPretendCuda& counting_backend() {
-  static CountingPretendCuda b;
-  return b;
-}
-struct CountingGpu {
-  Backend* (*saved_factory)(int) = ember::detail::cuda_backend_factory();
-  int saved_count = ember::detail::cuda_device_count_slot();
-  CountingGpu() { register_cuda_backend([](int) -> Backend* { return &counting_backend(); }, 1); }
-  ~CountingGpu() { register_cuda_backend(saved_factory, saved_count); }
-};
+using CountingGpu = testing::StandIn<CountingPretendCuda, testing::CudaStandIn::Always>;
+CountingPretendCuda& counting_backend() { return CountingGpu::backend(); }
 }  // namespace
 
 TEST_CASE("DataLoader: a CUDA device gets pinned staging (a ring allocated once) and async uploads (pretend cuda:0)",

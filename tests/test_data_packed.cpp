@@ -15,9 +15,11 @@
 #include "ember/data/images.hpp"
 #include "ember/data/lmdb.hpp"
 #include "ember/data/record.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using namespace ember::data;
+using ember::testing::message_of;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
@@ -37,16 +39,6 @@ void write_bytes(const fs::path& p, const std::vector<uint8_t>& b) {
   std::ofstream f(p, std::ios::binary);
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
-
 Tensor<uint8_t> pattern(int64_t h, int64_t w, int64_t c, int salt) {
   std::vector<uint8_t> v(static_cast<size_t>(h * w * c));
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>((i * 37 + static_cast<size_t>(salt) * 11) % 256);

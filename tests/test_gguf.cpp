@@ -21,7 +21,7 @@
 #include "ember/nn/gpt.hpp"
 #include "ember/io/safetensors.hpp"
 #include "temp_dir.hpp"
-#include "error_message.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using ember::testing::message_of;
@@ -88,12 +88,7 @@ std::optional<std::string> run_python(const std::string& args, int& rc) {
     return std::nullopt;
   }
   const std::string cmd = "'" + py + "' '" + EMBER_SOURCE_DIR + "/tests/interop/check_gguf.py' " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = ::pclose(p);
+  const auto [out, status] = testing::run_command(cmd);
   rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (rc == 127 || out.find("SKIPPED: ") != std::string::npos) {
     std::printf("SKIPPED: %s\n", out.c_str());

@@ -17,8 +17,10 @@
 #include "ember/nn/gpt.hpp"
 #include "gradcheck.hpp"
 #include "temp_dir.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
+using ember::testing::same_bytes;
 namespace fs = std::filesystem;
 
 namespace {
@@ -37,12 +39,6 @@ double max_abs_diff(const AnyTensor& a, const AnyTensor& b) {
   double m = 0;
   for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(x[i] - y[i]));
   return m;
-}
-
-bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
-  if (a.dtype() != b.dtype() || !(a.shape() == b.shape())) return false;
-  AnyTensor ca = a.to(Device::cpu()), cb = b.to(Device::cpu());
-  return a.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), a.nbytes()) == 0;
 }
 
 // Random token ids [N, L] in [0, vocab).

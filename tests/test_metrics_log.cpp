@@ -16,6 +16,8 @@
 #include <ember/profile/profiler.hpp>
 #include <ember/profile/step_log.hpp>
 
+#include "test_util.hpp"
+
 using namespace ember;
 using Catch::Contains;
 namespace fs = std::filesystem;
@@ -228,12 +230,7 @@ print("RESULT " + json.dumps(out))
 )PY";
   }
   const std::string cmd = "'" + py + "' '" + script.string() + "' '" + dir.string() + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const auto [out, rc] = testing::run_command(cmd);
   if (out.find("SKIPPED: ") != std::string::npos) {
     std::printf("%s", out.c_str());
     fs::remove_all(dir);

@@ -1,12 +1,14 @@
 // Layers: LayerNorm, BatchNorm1d/2d, Dropout, MultiheadAttention, TransformerBlock. Forward values
 // against references written here with plain loops, PyTorch's parameter/buffer names, running
 // statistics, the Philox dropout mask, the causal mask, gradients by finite differences in double
-// (module parameters included, 3 seeds), and error messages.
+// (module parameters included, 3 seeds), and error messages; a tree of layers as named_modules()
+// lists it and as it prints.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -709,4 +711,59 @@ TEST_CASE("TransformerBlock: dropout in training only, float16 activations", "[n
   CHECK(yh.dtype() == DType::Float16);
   auto yf = host(ref(x)), got = host(yh);
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(yf[i]).margin(5e-2));
+}
+
+// ---------------------------------------------------------------- a tree of layers
+
+namespace {
+class Block : public nn::ModuleBase<Block> {
+ public:
+  Block() {
+    fc = register_module("fc", std::make_shared<nn::Linear>(4, 3));
+    act = register_module("act", std::make_shared<nn::ReLU>());
+    scale = register_parameter("scale", Tensor<float>::ones({3}));
+  }
+  std::string type_name() const override { return "Block"; }
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    return (*act)((*fc)(x));
+  }
+  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::ReLU> act;
+  AnyTensor scale;
+};
+}  // namespace
+
+TEST_CASE("gaps: named_modules lists the tree depth first, shared modules once", "[gaps][module]") {
+  auto shared = std::make_shared<nn::Linear>(3, 3);
+  nn::Sequential seq(std::make_shared<Block>(), shared, shared);
+  auto mods = seq.named_modules();
+  std::vector<std::string> names;
+  for (auto& [n, m] : mods) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"", "0", "0.fc", "0.act", "1"});
+  CHECK(mods[0].second == &seq);
+  CHECK(mods[4].second == shared.get());
+  CHECK(mods[2].second->type_name() == "Linear");
+  // The modules are live: switching one to eval mode shows.
+  mods[3].second->eval();
+  CHECK_FALSE(seq[0].named_children()[1].second->is_training());
+}
+
+TEST_CASE("gaps: printing a module gives its tree with shapes and parameter counts", "[gaps][module]") {
+  nn::Sequential seq(std::make_shared<Block>(), std::make_shared<nn::Linear>(3, 2, nn::LinearOptions{.bias = false}));
+  std::ostringstream os;
+  os << seq;
+  const std::string want =
+      "Sequential(  # 24 parameters\n"
+      "  (0): Block(  # 18 parameters\n"
+      "    scale=[3]\n"
+      "    (fc): Linear(weight=[3, 4], bias=[3])  # 15 parameters\n"
+      "    (act): ReLU()\n"
+      "  )\n"
+      "  (1): Linear(weight=[2, 3])  # 6 parameters\n"
+      ")";
+  CHECK(os.str() == want);
+  std::ostringstream leaf;
+  leaf << nn::ReLU();
+  CHECK(leaf.str() == "ReLU()");
 }

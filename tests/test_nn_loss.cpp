@@ -1,14 +1,21 @@
 // Losses: values against references written here with plain loops (PyTorch's formulas), every
 // reduction, gradients by finite differences in double (3 seeds), stability for logits of 1e4,
-// fp32 computation for half/bfloat16 inputs, error messages, and the module forms.
+// fp32 computation for half/bfloat16 inputs, error messages, the module forms, mse_loss's
+// broadcast target, and cross_entropy's fused kernel against its composite and against the CPU on
+// CUDA (a real GPU, else skipped). The ops' bad inputs and NaN semantics, and cross_entropy's
+// gradient check, come from the registry (tests/op_cases.hpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <iostream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "gpu_skip.hpp"
 #include "gradcheck.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using Catch::Contains;
@@ -455,8 +462,8 @@ TEST_CASE("loss errors name the op and the problem", "[nn][loss][errors]") {
   CHECK_THROWS_WITH(F::cross_entropy(x, y, {.weight = Tensor<float>::ones({4})}), Contains("weight") && Contains("[5]"));
   CHECK_THROWS_AS(F::cross_entropy(x, y, {.label_smoothing = 1.5}), ValueError);
   CHECK_THROWS_AS(F::cross_entropy(Tensor<float>::randn({4, 5, 2}), y), ShapeError);
-  // Regression losses broadcast the target as PyTorch does (test_api_gaps); shapes that do not
-  // broadcast are a ShapeError.
+  // Regression losses broadcast the target as PyTorch does (the "gaps: mse_loss ..." test below);
+  // shapes that do not broadcast are a ShapeError.
   CHECK_THROWS_WITH(F::mse_loss(x, Tensor<float>::zeros({4, 4})), Contains("mse_loss") && Contains("cannot be broadcast"));
   CHECK_THROWS_AS(F::l1_loss(x, Tensor<float>::zeros({3})), ShapeError);
   CHECK_THROWS_AS(F::smooth_l1_loss(x, x, "mean", -1.0), ValueError);
@@ -466,6 +473,18 @@ TEST_CASE("loss errors name the op and the problem", "[nn][loss][errors]") {
                     Contains("pos_weight"));
   CHECK_THROWS_AS(nn::MSELoss("bogus"), ValueError);
   CHECK_THROWS_AS(nn::CrossEntropyLoss({.reduction = "bogus"}), ValueError);
+}
+
+TEST_CASE("losses accept a [C] input with a 0-d target, and empty batches, as PyTorch", "[nn][loss]") {
+  using Fl = Tensor<float>;
+  using I64 = Tensor<int64_t>;
+  CHECK(F::cross_entropy(Fl::zeros({3}), I64::scalar(1)).item() == Approx(std::log(3.0)));  // uniform logits: log 3
+  CHECK(F::nll_loss(Fl::from_vector({-1, -2, -3}, {3}), I64::scalar(2)).item() == 3.0f);
+  CHECK(std::isnan(F::cross_entropy(Fl::zeros({0, 3}), I64::zeros({0})).item()));  // 0/0, as PyTorch
+  CHECK(F::cross_entropy(Fl::zeros({0, 3}), I64::zeros({0}), {.reduction = "sum"}).item() == 0.0f);
+  CHECK(F::nll_loss(Fl::zeros({0, 3}), I64::zeros({0}), {.reduction = "none"}).shape() == Shape{0});
+  CHECK(std::isnan(F::mse_loss(Fl::zeros({0}), Fl::zeros({0})).item()));  // the mean of nothing
+  CHECK(F::l1_loss(Fl::zeros({0}), Fl::zeros({0}), "sum").item() == 0.0f);
 }
 
 TEST_CASE("loss modules: PyTorch's buffer names, dtype moves, same values as the functions", "[nn][loss][module]") {
@@ -503,4 +522,133 @@ TEST_CASE("loss modules: PyTorch's buffer names, dtype moves, same values as the
   CHECK(nn::L1Loss()(x, t).item() == F::l1_loss(x, t).item());
   CHECK(nn::SmoothL1Loss("none", 0.5)(x, t).to_vector() == F::smooth_l1_loss(x, t, "none", 0.5).to_vector());
   CHECK(nn::MSELoss().type_name() == "MSELoss");
+}
+
+TEST_CASE("gaps: mse_loss broadcasts its target as PyTorch does, warning once", "[gaps][loss]") {
+  // torch: mse_loss(input [3, 1], target [3]) broadcasts to [3, 3] (usually a mistake: it warns).
+  auto x = Tensor<double>::from_vector({1, 2, 3}, Shape{3, 1}).set_requires_grad(true);
+  auto t = Tensor<double>::from_vector({1, 2, 4}, Shape{3});
+  std::ostringstream captured;
+  auto* old = std::cerr.rdbuf(captured.rdbuf());
+  auto none = nn::functional::mse_loss(x, t, "none");
+  auto mean = nn::functional::mse_loss(x, t);
+  std::cerr.rdbuf(old);
+  CHECK(none.shape() == Shape{3, 3});
+  // rows: (x_i - t_j)^2 = [0 1 9; 1 0 4; 4 1 1] -> mean 21 / 9
+  testing::check_close(none.to_double_vector(), {0, 1, 9, 1, 0, 4, 4, 1, 1}, 1e-12);
+  CHECK(mean.item() == Approx(21.0 / 9.0));
+  mean.backward();  // d/dx_i = 2/9 sum_j (x_i - t_j)
+  testing::check_close(x.grad().to_double_vector(), {2.0 / 9 * -4, 2.0 / 9 * -1, 2.0 / 9 * 2}, 1e-12);
+  const std::string w = captured.str();
+  CHECK_THAT(w, Contains("mse_loss: Using a target size ([3]) that is different to the input size ([3, 1])") &&
+                    Contains("broadcasting"));
+  // Once: the second call (above, "mean") and later ones print nothing more.
+  CHECK(w.find("Using a target size") == w.rfind("Using a target size"));
+  // l1 and smooth_l1 broadcast too; shapes that cannot broadcast raise.
+  std::cerr.rdbuf(captured.rdbuf());
+  CHECK(nn::functional::l1_loss(x, t).item() == Approx(11.0 / 9.0));
+  std::cerr.rdbuf(old);
+  CHECK_THROWS_AS(nn::functional::mse_loss(x, Tensor<double>::zeros({2, 2})), ShapeError);
+  // Equal shapes: no warning, unchanged result.
+  std::ostringstream quiet;
+  std::cerr.rdbuf(quiet.rdbuf());
+  CHECK(nn::functional::smooth_l1_loss(t, t).item() == 0.0);
+  std::cerr.rdbuf(old);
+  CHECK(quiet.str().empty());
+}
+
+// ---------------------------------------------------------------- cross_entropy's fused kernel
+
+namespace {
+
+// The composite path of cross_entropy (log_softmax + NLL), taken when the class weights require a
+// gradient: the reference for the fused kernel.
+AnyTensor composite_ce(const AnyTensor& x, const AnyTensor& target, const AnyTensor& weight, int64_t ignore,
+                       double smoothing, const std::string& red) {
+  AnyTensor w = weight.defined() ? weight.detach().clone() : AnyTensor::full({x.shape()[x.dim() >= 2 ? 1 : 0]}, 1.0,
+                                                                             x.dtype());
+  w.set_requires_grad(true);
+  return nn::functional::cross_entropy(Tensor<double>(x), target,
+                                       {.weight = w, .ignore_index = ignore, .label_smoothing = smoothing, .reduction = red});
+}
+
+}  // namespace
+
+TEST_CASE("cross_entropy fused: equals the composite for weights, ignore_index, label smoothing and reductions",
+          "[nn][loss][cross_entropy]") {
+  Generator gen(31);
+  for (const Shape& xs : {Shape{6, 5}, Shape{3, 4, 2, 3}, Shape{7}}) {
+    const bool batched = xs.dim() >= 2;
+    const int64_t C = xs[batched ? 1 : 0];
+    std::vector<int64_t> tsv = xs.vec();
+    tsv.erase(tsv.begin() + (batched ? 1 : 0));
+    const Shape ts(tsv);
+    auto x = Tensor<double>::randn(xs, Device::cpu(), 0.0, 3.0, gen);
+    std::vector<int64_t> t(static_cast<size_t>(ts.numel()));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = (i % 4 == 1) ? -100 : static_cast<int64_t>((i * 7) % static_cast<size_t>(C));
+    if (t.size() == 1) t[0] = 2;
+    auto target = Tensor<int64_t>::from_vector(t, ts);
+    auto w = Tensor<double>::rand({C}, Device::cpu(), 0.5, 2.0, gen);
+    for (bool weighted : {false, true})
+      for (double sm : {0.0, 0.2})
+        for (const char* red : {"none", "sum", "mean"}) {
+          INFO(xs.str() << " weighted " << weighted << " smoothing " << sm << " " << red);
+          AnyTensor wa = weighted ? AnyTensor(w) : AnyTensor();
+          auto fused = nn::functional::cross_entropy(
+              x, target, {.weight = wa, .ignore_index = -100, .label_smoothing = sm, .reduction = red});
+          auto ref = composite_ce(x, target, wa, -100, sm, red);
+          REQUIRE(testing::max_rel_diff(fused.to_double_vector(), ref.to_double_vector()) < 1e-12);
+          // float32 through the same kernel
+          auto f32 = nn::functional::cross_entropy(Tensor<float>(x.to(DType::Float32)), target,
+                                                   {.weight = weighted ? AnyTensor(w.to(DType::Float32)) : AnyTensor(),
+                                                    .label_smoothing = sm, .reduction = red});
+          REQUIRE(testing::max_rel_diff(f32.to_double_vector(), ref.to_double_vector()) < 2e-5);
+        }
+  }
+  SECTION("every target ignored gives NaN and zero gradients") {
+    auto x = Tensor<float>::randn({4, 3}).set_requires_grad();
+    auto target = Tensor<int64_t>::full({4}, -100.0);
+    auto loss = nn::functional::cross_entropy(x, target);
+    REQUIRE(std::isnan(loss.item()));
+    loss.backward();
+    for (double g : x.grad().to_double_vector()) REQUIRE(g == 0.0);
+  }
+}
+
+TEST_CASE("parity: fused cross_entropy, CPU versus CUDA", "[nn][loss][cuda][parity]") {
+  EMBER_REQUIRE_GPU();
+  for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    const double tol = 3e-5;  // the loss is taken of the logits cast to fp32 on both sides
+    for (const auto& [rows, classes] : {std::pair<int64_t, int64_t>{37, 10}, {64, 3000}, {5, 50000}}) {
+      for (double sm : {0.0, 0.1}) {
+        Generator gen(static_cast<uint64_t>(rows + classes));
+        AnyTensor x = Tensor<float>::randn({rows, classes}, Device::cpu(), 0.0, 4.0, gen).to(t);
+        std::vector<int64_t> tv(static_cast<size_t>(rows));
+        for (int64_t i = 0; i < rows; ++i) tv[static_cast<size_t>(i)] = i % 5 == 3 ? -100 : (i * 13) % classes;
+        auto target = Tensor<int64_t>::from_vector(tv, {rows});
+        AnyTensor w = Tensor<float>::rand({classes}, Device::cpu(), 0.5, 2.0, gen);
+        auto run = [&](Device d) {
+          AnyTensor xd = x.to(d).detach();
+          xd.set_requires_grad(true);
+          auto loss = nn::functional::cross_entropy(Tensor<float>(xd.to(DType::Float32)), target.to(d),
+                                                    {.weight = w.to(d), .label_smoothing = sm});
+          loss.backward();
+          return std::vector<std::vector<double>>{loss.to(Device::cpu()).to_double_vector(),
+                                                  xd.grad().to(Device::cpu()).to_double_vector()};
+        };
+        auto c = run(Device::cpu()), g = run(Device::cuda(0));
+        INFO(dtype_name(t) << " " << rows << "x" << classes << " smoothing " << sm);
+        REQUIRE(testing::max_rel_diff(g[0], c[0]) < tol);
+        // The gradient is stored in the logits' dtype: the fp32 gradients differ in their last
+        // bits, so an fp16/bf16 element may round one step apart (seen on the H200, 2026-12-04:
+        // bf16 5x50000, 3.04e-5 without this allowance).
+        const int mantissa = t == DType::Float16 ? 10 : t == DType::BFloat16 ? 7 : 0;
+        if (mantissa > 0) {
+          REQUIRE(testing::max_rel_diff_beyond_ulp(g[1], c[1], mantissa) < tol);
+        } else {
+          REQUIRE(testing::max_rel_diff(g[1], c[1]) < tol);
+        }
+      }
+    }
+  }
 }

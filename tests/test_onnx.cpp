@@ -22,7 +22,7 @@
 #include "ember/nn/gpt.hpp"
 #include "ember/quant/quantize.hpp"
 #include "temp_dir.hpp"
-#include "error_message.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using ember::testing::message_of;
@@ -91,11 +91,9 @@ std::optional<std::map<std::string, nlohmann::json>> check_folder(const fs::path
     return std::nullopt;
   }
   const std::string cmd = "'" + py + "' '" + EMBER_SOURCE_DIR + "/tests/interop/check_onnx.py' '" + dir.string() + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const auto run = testing::run_command(cmd);
+  out += run.out;
+  const int rc = run.status;
   if ((WIFEXITED(rc) && WEXITSTATUS(rc) == 127) || out.find("SKIPPED: ") != std::string::npos) {
     std::printf("SKIPPED: %s\n", out.c_str());
     return std::nullopt;
@@ -351,11 +349,7 @@ TEST_CASE("onnx export: fp16 graphs match onnxruntime to 1e-3, and bf16 graphs p
   const std::string cmd = "'" + py + "' -c \"import onnx,sys; m=onnx.load(sys.argv[1]); onnx.checker.check_model(m, full_check=True); "
                           "print('BF16', sum(1 for t in m.graph.initializer if t.data_type==16), len(m.graph.initializer))\" '" +
                           (dir.path / "block_bf16.onnx").string() + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  ::pclose(p);
+  const std::string out = testing::run_command(cmd).out;
   if (out.find("No module named") != std::string::npos) {
     std::printf("SKIPPED: onnx is not importable: %s\n", out.c_str());
     return;

@@ -1289,10 +1289,7 @@ TEST_CASE("fused Adam / AdamW step equals the composite: weight decay, amsgrad, 
 TEST_CASE("fused Adam: on a device (pretend cuda:0 in CI) it updates the device tensors as on the CPU",
           "[optim][adam][fused][device]") {
   testing::PretendGpu pretend;
-  if (!cuda::is_available()) {
-    std::cout << "SKIPPED: no cuda:0, real or pretend\n";
-    return;
-  }
+  if (!testing::cuda_device_or_skip()) return;
   Generator gen(5);
   auto p0 = Tensor<float>::randn({300}, Device::cpu(), 0.0, 1.0, gen);
   auto g0 = Tensor<float>::randn({300}, Device::cpu(), 0.0, 1.0, gen);
@@ -1411,20 +1408,8 @@ class CountingStepBackend : public testing::PretendCudaBackend {
     PretendCudaBackend::rmsprop_step(a, param, grad, sq, ga, buf);
   }
 };
-CountingStepBackend& counting_step_backend() {
-  static CountingStepBackend b;
-  return b;
-}
-struct CountingStepGpu {
-  Backend* (*saved_factory)(int) = nullptr;
-  int saved_count = 0;
-  CountingStepGpu() {
-    saved_factory = detail::cuda_backend_factory();
-    saved_count = detail::cuda_device_count_slot();
-    register_cuda_backend([](int) -> Backend* { return &counting_step_backend(); }, 1);
-  }
-  ~CountingStepGpu() { register_cuda_backend(saved_factory, saved_count); }
-};
+using CountingStepGpu = testing::StandIn<CountingStepBackend, testing::CudaStandIn::Always>;
+CountingStepBackend& counting_step_backend() { return CountingStepGpu::backend(); }
 
 }  // namespace
 

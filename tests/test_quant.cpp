@@ -10,7 +10,7 @@
 #include "ember/data/dataloader.hpp"
 #include "ember/ember.hpp"
 #include "ember/quant/quantize.hpp"
-#include "error_message.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
 using ember::testing::message_of;

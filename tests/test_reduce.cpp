@@ -1,6 +1,8 @@
-// Reductions (ops/reduce.hpp) and softmax / log_softmax (ops/softmax.hpp): finite-difference
-// gradient checks in double, forward values against plain-loop references, argmax/argmin ties,
-// numerical stability, and fp16/bf16 against fp32.
+// Reductions (ops/reduce.hpp) and softmax / log_softmax (ops/softmax.hpp): forward values against
+// plain-loop references, var/std against torch, argmax/argmin ties, gradients at tied extrema,
+// what PyTorch accepts (0-d and empty inputs), numerical stability, and fp16/bf16 against fp32.
+// Each op's gradient check, CPU/CUDA parity, bad inputs and NaN semantics come from the registry
+// (tests/op_cases.hpp).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,38 +14,15 @@
 #include <string>
 #include <vector>
 
+#include <ember/ember.hpp>
+
 #include "test_util.hpp"
 
 using namespace ember;
-using ember::testing::gradcheck;
-using ember::testing::random_inputs;
 using namespace ember::testing;
+using Catch::Contains;
 
 namespace {
-
-
-
-
-// Values that are pairwise at least 0.04 apart (max/min are not differentiable at ties): a random
-// permutation of 0.05 * k plus noise below 0.01.
-AnyTensor distinct(const Shape& s, uint64_t seed) {
-  AnyTensor r = rand1(s, seed, 0, 1), noise = rand1(s, seed + 500, 0, 0.01);
-  std::vector<double> rv = vals(r), nv = vals(noise);
-  std::vector<size_t> order(rv.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rv[a] < rv[b]; });
-  std::vector<double> out(rv.size());
-  for (size_t k = 0; k < order.size(); ++k) out[order[k]] = 0.05 * static_cast<double>(k) - 0.5 + nv[order[k]];
-  return dt(out, s);
-}
-
-std::string dims_str(const std::vector<int>& dims) {
-  std::ostringstream s;
-  s << "{";
-  for (size_t i = 0; i < dims.size(); ++i) s << (i ? "," : "") << dims[i];
-  s << "}";
-  return s.str();
-}
 
 // Reference reduction by plain loops: each input element is added into the output slot found by
 // dropping the reduced coordinates. `dims` normalised; empty means all.
@@ -121,48 +100,9 @@ const char* rname(ReduceOp op) {
   return n[static_cast<int>(op)];
 }
 
-// Gradient check of a reduction over every dim set, keepdim true and false, on [2,3,4].
-void check_reduce_grad(ReduceOp op, uint64_t seed) {
-  for (const auto& dims : dim_sets()) {
-    for (bool keepdim : {false, true}) {
-      INFO(rname(op) << " dims " << dims_str(dims) << " keepdim " << keepdim);
-      AnyTensor x = (op == ReduceOp::Max || op == ReduceOp::Min) ? distinct({2, 3, 4}, seed) : rand1({2, 3, 4}, seed);
-      CHECK_GRADIENTS([&](const std::vector<AnyTensor>& in) { return reduce_by(op, in[0], dims, keepdim); },
-                      std::vector<AnyTensor>{x});
-    }
-  }
-  INFO(rname(op) << " of a 1-D and a 0-d tensor");
-  AnyTensor v = distinct({5}, seed), s = rand1({}, seed);
-  CHECK_GRADIENTS([&](const std::vector<AnyTensor>& in) { return reduce_by(op, in[0], {0}, false); },
-                  std::vector<AnyTensor>{v});
-  CHECK_GRADIENTS([&](const std::vector<AnyTensor>& in) { return reduce_by(op, in[0], {}, false); },
-                  std::vector<AnyTensor>{s});
-}
-
 }  // namespace
 
-// ================================================================ gradient checks
-
-TEST_CASE("sum float64 gradcheck single, several and all dims, keepdim true/false", "[reduce][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  check_reduce_grad(ReduceOp::Sum, seed);
-}
-TEST_CASE("mean float64 gradcheck single, several and all dims, keepdim true/false", "[reduce][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  check_reduce_grad(ReduceOp::Mean, seed);
-}
-TEST_CASE("max float64 gradcheck single, several and all dims, keepdim true/false, distinct values", "[reduce][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  check_reduce_grad(ReduceOp::Max, seed);
-}
-TEST_CASE("min float64 gradcheck single, several and all dims, keepdim true/false, distinct values", "[reduce][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  check_reduce_grad(ReduceOp::Min, seed);
-}
+// ================================================================ gradients at ties
 
 TEST_CASE("max and min float64 gradient splits evenly between tied extrema", "[reduce][grad]") {
   AnyTensor x = dt({1, 3, 3, 2, /**/ 5, 0, 0, 0}, {2, 4});
@@ -177,38 +117,64 @@ TEST_CASE("max and min float64 gradient splits evenly between tied extrema", "[r
   check_close(vals(x.grad()), {0, 0, 0, 0, 1, 0, 0, 0}, 0, 1e-15);
 }
 
-TEST_CASE("softmax float64 gradcheck over last and non-last dims", "[softmax][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  for (int dim : {-1, 2, 1, 0}) {
-    INFO("dim " << dim << " seed " << seed);
-    CHECK_GRADIENTS([dim](const std::vector<AnyTensor>& in) { return op::softmax(in[0], dim); },
-                    random_inputs({{2, 3, 4}}, seed, -2, 2));
-  }
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& in) { return op::softmax(in[0]); }, random_inputs({{6}}, seed, -2, 2));
-}
-
-TEST_CASE("log_softmax float64 gradcheck over last and non-last dims", "[softmax][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  for (int dim : {-1, 2, 1, 0}) {
-    INFO("dim " << dim << " seed " << seed);
-    CHECK_GRADIENTS([dim](const std::vector<AnyTensor>& in) { return op::log_softmax(in[0], dim); },
-                    random_inputs({{2, 3, 4}}, seed, -2, 2));
-  }
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& in) { return op::log_softmax(in[0]); },
-                  random_inputs({{6}}, seed, -2, 2));
-}
-
-TEST_CASE("softmax composite float64 gradcheck: cross-entropy style log_softmax * target", "[softmax][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  std::vector<AnyTensor> in = random_inputs({{3, 5}, {3, 5}}, seed, -3, 3);
-  CHECK_GRADIENTS(
-      [](const std::vector<AnyTensor>& x) {
-        return op::neg(op::sum(op::mul(op::log_softmax(x[0], 1), op::softmax(x[1], 1)), {1}));
-      },
-      in);
-}
-
 // ================================================================ forward values
+
+TEST_CASE("gaps: var and std with a correction match torch.var/torch.std", "[gaps][reduce]") {
+  // (std is ember::std: with `using namespace ember` an unqualified std(x) is ambiguous.)
+  // torch.tensor([[1., 2., 4.], [3., 5., 9.]]).var() = 8.0; .var(dim=1) = [2.3333, 9.3333];
+  // .var(dim=1, correction=0) = [1.5556, 6.2222]; .std(dim=0) = [1.4142, 2.1213, 3.5355].
+  auto x = Tensor<double>::from_vector({1, 2, 4, 3, 5, 9}, Shape{2, 3});
+  CHECK(var(x).item() == Approx(8.0));
+  CHECK(ember::std(x).item() == Approx(std::sqrt(8.0)));
+  testing::check_close(var(x, {1}).to_double_vector(), {7.0 / 3.0, 28.0 / 3.0}, 1e-12);
+  testing::check_close(var(x, {1}, 0.0).to_double_vector(), {14.0 / 9.0, 56.0 / 9.0}, 1e-12);
+  testing::check_close(ember::std(x, {0}).to_double_vector(), {std::sqrt(2.0), std::sqrt(4.5), std::sqrt(12.5)}, 1e-12);
+  CHECK(var(x, {-1}, 1.0, true).shape() == Shape{2, 1});
+  CHECK(var(x, {0, 1}).item() == Approx(8.0));
+  // One element with correction 1: 0/0 = nan, as torch.
+  CHECK(std::isnan(var(Tensor<double>::from_vector({3.0}, Shape{1})).item()));
+  CHECK(var(Tensor<float>::from_vector({1, 3}, Shape{2}), {}, 0.0).item() == 1.0f);
+  CHECK_THROWS_AS(var(Tensor<int64_t>::ones({3})), DTypeError);
+  CHECK_THROWS_WITH(var(x, {}, -1.0), Contains("var: correction"));
+  CHECK_THROWS_AS(var(x, {2}), IndexError);
+}
+
+TEST_CASE("reductions accept 0-d and empty inputs as PyTorch: sums of nothing 0, means of nothing NaN",
+          "[reduce][forward]") {
+  using F = Tensor<float>;
+  using D = Tensor<double>;
+  // 0-d inputs reduce to themselves, dims 0 and -1 name their only "dimension".
+  CHECK(sum(F::scalar(4)).item() == 4.0f);
+  CHECK(sum(F::scalar(4), {0}).item() == 4.0f);
+  CHECK(max(F::scalar(4), {-1}).item() == 4.0f);
+  CHECK(argmax(F::scalar(4)).item() == 0);
+  CHECK(mean(F::scalar(4)).item() == 4.0f);
+  // Sums over nothing are 0; means over nothing are NaN (0/0), as torch.mean of an empty tensor.
+  CHECK(sum(F::zeros({0, 3}), {1}).shape() == Shape{0});
+  CHECK(sum(F::zeros({3, 0}), {1}).to_vector() == std::vector<float>{0, 0, 0});
+  CHECK(std::isnan(mean(F::zeros({0})).item()));
+  auto m = mean(F::zeros({0, 2}), {0});
+  REQUIRE(m.shape() == Shape{2});
+  CHECK(std::isnan(m.to_vector()[0]));
+  CHECK(std::isnan(m.to_vector()[1]));
+  CHECK(mean(F::zeros({0, 2}), {1}).shape() == Shape{0});
+  CHECK(std::isnan(var(F::zeros({0})).item()));
+  // max over a non-empty dimension of a tensor that is empty elsewhere: an empty result.
+  CHECK(max(F::zeros({0, 3}), {1}).shape() == Shape{0});
+  // The mean of nothing has a (zero-element) gradient, not an error.
+  auto e = D::zeros({0, 2});
+  e.set_requires_grad(true);
+  sum(mean(e, {0})).backward();
+  CHECK(e.grad().shape() == Shape{0, 2});
+}
+
+TEST_CASE("softmax and log_softmax accept 0-d and empty inputs as PyTorch", "[softmax][forward]") {
+  using F = Tensor<float>;
+  CHECK(softmax(F::scalar(3), 0).item() == 1.0f);
+  CHECK(log_softmax(F::scalar(3), -1).item() == 0.0f);
+  CHECK(softmax(F::zeros({0, 3}), 1).shape() == Shape{0, 3});
+  CHECK(softmax(F::zeros({3, 0}), 0).shape() == Shape{3, 0});
+}
 
 TEST_CASE("sum mean max min float64 and float32 forward vs loop reference, every dim set and keepdim",
           "[reduce][forward]") {
@@ -219,7 +185,7 @@ TEST_CASE("sum mean max min float64 and float32 forward vs loop reference, every
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
       for (const auto& dims : dim_sets()) {
         for (bool keepdim : {false, true}) {
-          INFO(rname(op) << " " << dtype_name(t) << " dims " << dims_str(dims) << " keepdim " << keepdim);
+          INFO(rname(op) << " " << dtype_name(t) << " dims " << list_str(dims) << " keepdim " << keepdim);
           Shape want_shape;
           std::vector<double> want = ref_reduce(xv, s, dims, op, &want_shape, keepdim);
           AnyTensor y = reduce_by(op, x, dims, keepdim);
@@ -331,7 +297,7 @@ TEST_CASE("reductions float16 and bfloat16 forward within 1e-3 / 1e-2 of float32
     AnyTensor x32 = dt(r, s).to(DType::Float32), xl = x32.to(t);
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
       for (const auto& dims : dim_sets()) {
-        INFO(rname(op) << " " << dtype_name(t) << " dims " << dims_str(dims));
+        INFO(rname(op) << " " << dtype_name(t) << " dims " << list_str(dims));
         AnyTensor y = reduce_by(op, xl, dims, false);
         CHECK(y.dtype() == t);
         check_close(vals(y), vals(reduce_by(op, x32, dims, false)), rtol);

@@ -22,8 +22,10 @@
 #include "ember/optim/state_io.hpp"
 #include "pretend_gpu.hpp"
 #include "temp_dir.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
+using ember::testing::same_bytes;
 namespace fs = std::filesystem;
 
 namespace {
@@ -54,12 +56,6 @@ std::string parse_error(const std::vector<uint8_t>& bytes) {
   return "";
 }
 std::string parse_error(const std::string& header, size_t data_bytes) { return parse_error(file_bytes(header, data_bytes)); }
-
-bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
-  if (a.dtype() != b.dtype() || !(a.shape() == b.shape())) return false;
-  AnyTensor ca = a.to(Device::cpu()), cb = b.to(Device::cpu());
-  return a.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), a.nbytes()) == 0;
-}
 
 // The tensors of python_dtypes.safetensors, made the way make_fixtures.py's python_values() makes them.
 io::TensorList reference_dtypes() {
@@ -475,12 +471,7 @@ TEST_CASE("safetensors interop, live: the Python package reads what ember writes
 
   const std::string cmd = "'" + py + "' '" + EMBER_SOURCE_DIR + "/tests/interop/check_ember_files.py' '" +
                           dir.path.string() + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const auto [out, rc] = testing::run_command(cmd);
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127) {  // the shell found no such interpreter
     std::printf("SKIPPED: the configured Python '%s' cannot be run: %s\n", py.c_str(), out.c_str());
     return;

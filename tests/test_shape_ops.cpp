@@ -1,5 +1,7 @@
 // Shape ops (ops/shape.hpp) and the view / copy methods of the tensor handles (core/tensor.hpp):
-// finite-difference gradient checks in double, forward values against plain-loop references.
+// forward values against plain-loop references, the cast's gradient, and the empty and 0-d
+// tensors PyTorch accepts. Each op's gradient check, CPU/CUDA parity and bad inputs come from the
+// registry (tests/op_cases.hpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -8,30 +10,19 @@
 #include <string>
 #include <vector>
 
+#include <ember/ember.hpp>
+
 #include "test_util.hpp"
 
 using namespace ember;
-using ember::testing::gradcheck;
-using ember::testing::random_inputs;
 using namespace ember::testing;
 
 namespace {
-
-
-
 
 std::vector<double> iota_vals(int64_t n, double start = 0) {
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + static_cast<double>(i);
   return v;
-}
-
-std::string list_str(const std::vector<int>& v) {
-  std::ostringstream s;
-  s << "{";
-  for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
-  s << "}";
-  return s.str();
 }
 
 // Reference permute by loops: out[i_0..i_n] = x[j] with j's coordinate perm[d] = i_d.
@@ -75,130 +66,9 @@ std::vector<std::vector<double>> ref_split(const std::vector<double>& x, const S
   return out;
 }
 
-// Multiplies the outputs of a multi-output op by fixed different weights and sums: a scalar that
-// depends on every output (or skips the ones listed in `unused`).
-AnyTensor weighted_sum(const std::vector<AnyTensor>& outs, uint64_t seed, std::vector<size_t> unused = {}) {
-  AnyTensor total;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    if (std::find(unused.begin(), unused.end(), i) != unused.end()) continue;
-    AnyTensor w = rand1(outs[i].shape(), seed + 100 + i, 0.5, 2.0);
-    AnyTensor term = op::sum(op::mul(outs[i], w));
-    total = total.defined() ? op::add(total, term) : term;
-  }
-  return total;
-}
-
 }  // namespace
 
-// ================================================================ gradient checks
-
-TEST_CASE("permute float64 gradcheck 3D and 4D permutations", "[shape][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  for (const auto& perm : std::vector<std::vector<int>>{{2, 0, 1}, {1, 0, 2}, {0, 2, 1}, {0, 1, 2}, {-1, 0, 1}}) {
-    INFO("perm " << list_str(perm) << " seed " << seed);
-    CHECK_GRADIENTS([&](const std::vector<AnyTensor>& x) { return op::permute(x[0], perm); },
-                    random_inputs({{2, 3, 4}}, seed));
-  }
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::permute(x[0], {3, 1, 0, 2}); },
-                  random_inputs({{2, 3, 2, 4}}, seed));
-}
-
-TEST_CASE("transpose float64 gradcheck default (-2,-1), (0,2), (1,0)", "[shape][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::transpose(x[0]); }, random_inputs({{2, 3, 4}}, seed));
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::transpose(x[0], 0, 2); },
-                  random_inputs({{2, 3, 4}}, seed));
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::transpose(x[0], 1, 0); }, random_inputs({{3, 5}}, seed));
-}
-
-TEST_CASE("expand float64 gradcheck [3,1]->[2,3,4], []->[2,3], [4]->[3,4], [1,4]->[1,4]", "[shape][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {Shape{3, 1}, Shape{2, 3, 4}}, {Shape{}, Shape{2, 3}}, {Shape{4}, Shape{3, 4}}, {Shape{1, 4}, Shape{1, 4}},
-      {Shape{2, 1, 1}, Shape{2, 3, 2}}};
-  for (const auto& [from, to] : cases) {
-    INFO(from.str() << " -> " << to.str() << " seed " << seed);
-    Shape target = to;
-    CHECK_GRADIENTS([target](const std::vector<AnyTensor>& x) { return op::expand(x[0], target); },
-                    random_inputs({from}, seed));
-  }
-}
-
-TEST_CASE("unsqueeze squeeze flatten reshape float64 gradcheck (views through reshape)", "[shape][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  auto in = [&] { return random_inputs({{2, 3, 4}}, seed); };
-  // Each view is followed by an op whose gradient depends on position, so a view that scrambled
-  // the layout would fail.
-  AnyTensor w = rand1({2, 3, 4}, seed + 50);
-  auto via = [&](std::function<AnyTensor(const AnyTensor&)> view) {
-    return [view, w](const std::vector<AnyTensor>& x) { return op::mul(view(op::square(x[0])), w.reshape(view(w).shape())); };
-  };
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return op::unsqueeze(x, 0); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return op::unsqueeze(x, -1); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return op::unsqueeze(x, 2); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return op::squeeze(op::unsqueeze(x, 1), 1); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return op::flatten(x); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return op::flatten(x, 1, 2); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return op::flatten(x, 0, 1); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return x.reshape({4, -1}); }), in());
-  CHECK_GRADIENTS(via([](const AnyTensor& x) { return x.reshape({24}); }), in());
-}
-
-TEST_CASE("concat float64 gradcheck 3 inputs along dims 0, 1 and -1", "[shape][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::concat(x, 0); },
-                  random_inputs({{1, 3, 2}, {2, 3, 2}, {3, 3, 2}}, seed));
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::concat(x, 1); },
-                  random_inputs({{2, 1, 2}, {2, 3, 2}, {2, 2, 2}}, seed));
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::concat(x, -1); },
-                  random_inputs({{2, 3, 1}, {2, 3, 4}, {2, 3, 2}}, seed));
-  // The same tensor twice: both gradients add up in it.
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::concat({x[0], x[1], x[0]}, 1); },
-                  random_inputs({{2, 2}, {2, 3}}, seed));
-}
-
-TEST_CASE("split and chunk float64 gradcheck: weighted sum of the outputs, an unused output", "[shape][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  CHECK_GRADIENTS([seed](const std::vector<AnyTensor>& x) { return weighted_sum(op::split(x[0], {1, 3, 2}, 0), seed); },
-                  random_inputs({{6, 3}}, seed));
-  CHECK_GRADIENTS([seed](const std::vector<AnyTensor>& x) { return weighted_sum(op::split(x[0], {2, 2}, 1), seed); },
-                  random_inputs({{3, 4, 2}}, seed));
-  CHECK_GRADIENTS([seed](const std::vector<AnyTensor>& x) { return weighted_sum(op::split(x[0], {1, 1, 3}, -1), seed); },
-                  random_inputs({{2, 3, 5}}, seed));
-  CHECK_GRADIENTS([seed](const std::vector<AnyTensor>& x) { return weighted_sum(op::chunk(x[0], 3, 1), seed); },
-                  random_inputs({{2, 5}}, seed));
-  CHECK_GRADIENTS([seed](const std::vector<AnyTensor>& x) { return weighted_sum(op::chunk(x[0], 2, 0), seed, {1}); },
-                  random_inputs({{4, 3}}, seed));
-  CHECK_GRADIENTS([seed](const std::vector<AnyTensor>& x) { return weighted_sum(op::split(x[0], {1, 2, 1}, 0), seed, {0, 2}); },
-                  random_inputs({{4, 2}}, seed));
-}
-
-TEST_CASE("slice select clone float64 gradcheck (Tensor methods)", "[shape][tensor][grad]") {
-  auto seed = GENERATE(1u, 2u, 3u);
-  INFO("seed " << seed);
-  auto in = [&] { return random_inputs({{5, 3}}, seed); };
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return x[0].slice(1, 4); }, in());
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return x[0].slice(0, 5); }, in());
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return x[0].slice(1, 4).slice(1, 2); }, in());
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return x[0].select(2); }, in());
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return x[0].select(-1); }, in());
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return x[0].clone(); }, in());
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::mul(x[0].clone(), x[0]); }, in());
-  // Two slices of one tensor used together: gradients of disjoint and overlapping ranges add up.
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::mul(x[0].slice(0, 2), x[0].slice(3, 5)); }, in());
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::add(x[0].slice(0, 3), x[0].slice(1, 4)); }, in());
-  // A slice of a non-leaf (the slice's offset is applied to a computed tensor).
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return op::exp(op::mul(x[0], 2.0).slice(2, 4)); }, in());
-  // Typed methods.
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) -> AnyTensor { return Tensor<double>(x[0]).select(0).clone(); },
-                  in());
-  // to(Float64) of a double tensor is the identity.
-  CHECK_GRADIENTS([](const std::vector<AnyTensor>& x) { return x[0].to(DType::Float64); }, in());
-}
+// ================================================================ the cast's gradient
 
 TEST_CASE("to(dtype) float64->float32->float64 round trip passes the gradient through", "[shape][tensor][grad]") {
   // Finite differences through a float32 rounding are meaningless, so the cast backward is checked
@@ -363,6 +233,29 @@ TEST_CASE("split and chunk float64 forward vs loop reference, chunk sizes like t
   check_close(vals(tp[1]), ref_split(xv, s, 0, {3, 1})[1]);
   CHECK_THROWS_AS(op::split(x, {1, 1}, 0), ShapeError);
   CHECK_THROWS_AS(op::chunk(x, 0, 0), ValueError);
+}
+
+TEST_CASE("shape ops accept empty pieces and 0-d tensors where PyTorch takes them", "[shape][forward]") {
+  using F = Tensor<float>;
+  const F x = F::ones({2, 3});
+  const F s0 = F::scalar(1);
+  CHECK(squeeze(s0, 0).shape() == Shape{});
+  CHECK(squeeze(s0, -1).shape() == Shape{});
+  CHECK(unsqueeze(s0, 0).shape() == Shape{1});
+  CHECK(unsqueeze(s0, -1).shape() == Shape{1});
+  CHECK(flatten(s0).shape() == Shape{1});
+  CHECK(F::zeros({0, 3}).reshape({-1}).shape() == Shape{0});
+  CHECK(F::zeros({0, 3}).reshape({3, -1}).shape() == Shape{3, 0});
+  CHECK(x.select(-2).to_vector() == std::vector<float>{1, 1, 1});
+  CHECK(x.slice(1, 1).shape() == Shape{0, 3});
+  auto parts = split(x, {0, 2, 0}, 0);
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[0].shape() == Shape{0, 3});
+  CHECK(parts[1].shape() == Shape{2, 3});
+  CHECK(concat(std::vector<F>{F::zeros({0, 3}), x}).shape() == Shape{2, 3});
+  CHECK(permute(F::zeros({0, 2, 3}), {2, 0, 1}).shape() == Shape{3, 0, 2});
+  CHECK(expand(F::ones({1, 3}), Shape{0, 3}).shape() == Shape{0, 3});
+  CHECK(permute(s0, {}).item() == 1.0f);
 }
 
 TEST_CASE("typed shape functions float32 keep Tensor<float>: permute, transpose, expand, unsqueeze, concat, chunk",

@@ -20,6 +20,7 @@
 #include "ember/dist/thread_group.hpp"
 #include "ember/ember.hpp"
 #include "ember/train/trainer.hpp"
+#include "pretend_gpu.hpp"
 #include "temp_dir.hpp"
 
 using namespace ember;
@@ -755,21 +756,7 @@ class NoHalfBackend : public cpu::CpuBackend {
   }
 };
 
-struct NoHalfDevice {
-  Backend* (*saved_factory)(int) = nullptr;
-  int saved_count = 0;
-  NoHalfDevice() {
-    saved_factory = detail::cuda_backend_factory();
-    saved_count = detail::cuda_device_count_slot();
-    register_cuda_backend(
-        [](int) -> Backend* {
-          static NoHalfBackend b;
-          return &b;
-        },
-        1);
-  }
-  ~NoHalfDevice() { register_cuda_backend(saved_factory, saved_count); }
-};
+using NoHalfDevice = testing::StandIn<NoHalfBackend, testing::CudaStandIn::Always>;
 
 }  // namespace
 

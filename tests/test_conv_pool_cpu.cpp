@@ -1,6 +1,7 @@
 // The CPU convolution paths (oneDNN in both layouts when built in, im2col + GEMM, and the
-// dispatch between them) and the threaded pooling kernels, against direct loops in double and
-// against each other at 1 and 2 threads (the fused batch norm: tests/test_batch_norm.cpp).
+// dispatch between them) and the CPU pooling kernels (threaded; max-pooling's torch rule at NaN,
+// ties and signed zeros), against direct loops in double and against each other at 1 and 2
+// threads (the fused batch norm: tests/test_batch_norm.cpp).
 // Tolerances: fp32 paths within 2e-5 * (1 + sum of |terms|) of the double reference (the bound of
 // a float dot product of that many terms, with margin); fp64 im2col within 1e-12 of it.
 // Thread counts: pooling gives the same bits at 1 and 2 threads (its work splits never change an
@@ -15,26 +16,24 @@
 #include "ember/backend/cpu/gemm_choice.hpp"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <ember/ember.hpp>
 #include <ember/backend/cpu/conv.hpp>
 #include <ember/backend/cpu/onednn.hpp>
 #include <ember/backend/cpu/pool.hpp>
 
-#include "gradcheck.hpp"
+#include "test_util.hpp"
 
 using namespace ember;
+using namespace ember::testing;
 using Catch::Contains;
 
 namespace {
-
-// Restores the thread count a test changed.
-struct ThreadsGuard {
-  int saved = get_num_threads();
-  ~ThreadsGuard() { set_num_threads(saved); }
-};
 
 struct ConvCase {
   const char* name;
@@ -466,4 +465,76 @@ TEST_CASE("CPU pooling: threaded kernels equal direct loops and give the same bi
       check_near(runs[0][3], ref_gavg, zero_x, 1e-6, "avg backward");
     }
   }
+}
+
+namespace {
+
+// torch's max-pooling rule, written out plainly: per window, row-major, the first maximum wins,
+// and a nan wins over numbers and then stays. Windows clip to the input (padding never wins).
+template <class T>
+void max_pool_reference(const Pool2dArgs& p, const T* x, T* y, int64_t* indices) {
+  using C = cpu::calc_t<T>;
+  for (int64_t nc = 0; nc < p.n * p.c; ++nc)
+    for (int64_t oy = 0; oy < p.out_h; ++oy)
+      for (int64_t ox = 0; ox < p.out_w; ++ox) {
+        C best = -std::numeric_limits<C>::infinity();
+        int64_t arg = -1;
+        for (int64_t iy = oy * p.stride_h - p.pad_h; iy < oy * p.stride_h - p.pad_h + p.kh; ++iy)
+          for (int64_t ix = ox * p.stride_w - p.pad_w; ix < ox * p.stride_w - p.pad_w + p.kw; ++ix) {
+            if (iy < 0 || iy >= p.h || ix < 0 || ix >= p.w) continue;
+            const C v = static_cast<C>(x[nc * p.h * p.w + iy * p.w + ix]);
+            if (arg < 0 || (!std::isnan(best) && (v > best || std::isnan(v)))) {
+              best = v;
+              arg = iy * p.w + ix;
+            }
+          }
+        y[(nc * p.out_h + oy) * p.out_w + ox] = cpu::from_calc<T>(best);
+        indices[(nc * p.out_h + oy) * p.out_w + ox] = arg;
+      }
+}
+
+template <class T>
+void check_max_pool_against_reference() {
+  struct Config { int64_t h, w, kh, kw, sh, sw, ph, pw; };
+  const std::vector<Config> configs = {
+      {28, 28, 2, 2, 2, 2, 0, 0}, {7, 9, 2, 2, 2, 2, 0, 0}, {7, 9, 3, 3, 2, 2, 0, 0}, {7, 9, 3, 3, 1, 1, 0, 0},
+      {7, 9, 2, 3, 1, 2, 0, 0},   {5, 6, 1, 1, 1, 1, 0, 0}, {8, 7, 3, 2, 3, 1, 0, 0}, {7, 9, 3, 3, 2, 2, 1, 1},
+      {6, 6, 2, 2, 2, 2, 1, 0}};
+  // Few distinct values, so that windows hold ties, signed zeros, infinities and nans.
+  const std::vector<float> pool_of_values = {-std::numeric_limits<float>::infinity(), -1.0f, -0.0f, 0.0f, 1.0f, 2.0f,
+                                             std::numeric_limits<float>::quiet_NaN(), 0.5f};
+  uint64_t state = 12345;
+  for (const Config& c : configs) {
+    Pool2dArgs p;
+    p.n = 2, p.c = 3, p.h = c.h, p.w = c.w, p.kh = c.kh, p.kw = c.kw, p.stride_h = c.sh, p.stride_w = c.sw;
+    p.pad_h = c.ph, p.pad_w = c.pw;
+    p.out_h = (c.h + 2 * c.ph - c.kh) / c.sh + 1;
+    p.out_w = (c.w + 2 * c.pw - c.kw) / c.sw + 1;
+    std::vector<T> x(static_cast<size_t>(p.n * p.c * p.h * p.w));
+    for (auto& v : x) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const float pick = (state >> 60) < 2 ? pool_of_values[(state >> 33) % pool_of_values.size()]
+                                           : static_cast<float>((state >> 40) % 1000) / 100.0f - 5.0f;
+      v = cpu::from_calc<T>(static_cast<cpu::calc_t<T>>(pick));
+    }
+    const size_t outs = static_cast<size_t>(p.n * p.c * p.out_h * p.out_w);
+    std::vector<T> y(outs), y_ref(outs);
+    std::vector<int64_t> ind(outs, -7), ind_ref(outs, -7);
+    cpu::max_pool2d_forward(p, x.data(), y.data(), ind.data());
+    max_pool_reference(p, x.data(), y_ref.data(), ind_ref.data());
+    INFO(c.h << "x" << c.w << " kernel " << c.kh << "x" << c.kw << " stride " << c.sh << "," << c.sw << " padding "
+              << c.ph << "," << c.pw);
+    CHECK(ind == ind_ref);
+    CHECK(std::memcmp(y.data(), y_ref.data(), outs * sizeof(T)) == 0);  // the bits: nan, -0 and +0 included
+  }
+}
+
+}  // namespace
+
+TEST_CASE("max_pool2d CPU kernel: values and indices equal torch's rule written out (nan, ties, signed zeros, "
+          "full windows and padded ones, fp32, fp64, fp16, bf16)", "[pool]") {
+  check_max_pool_against_reference<float>();
+  check_max_pool_against_reference<double>();
+  check_max_pool_against_reference<half>();
+  check_max_pool_against_reference<bfloat16>();
 }
