@@ -88,21 +88,8 @@ void col2im(const T* cols, T* x, int64_t c, int64_t h, int64_t w, const Conv2dAr
 
 inline GemmArgs gemm_args(DType t, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                           const void* b, int64_t ldb, void* c, int64_t ldc, double beta) {
-  GemmArgs g;
-  g.dtype = t;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.lda = lda;
-  g.b = b;
-  g.ldb = ldb;
-  g.c = c;
-  g.ldc = ldc;
-  g.beta = beta;
-  return g;
+  return GemmArgs{.dtype = t, .trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a, .lda = lda, .b = b,
+                  .ldb = ldb, .c = c, .ldc = ldc, .beta = beta};
 }
 
 // Images are processed in chunks: the im2col columns of a chunk sit side by side, so each group
