@@ -84,10 +84,7 @@ inline AnyTensor mm(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
 
 inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = false, bool trans_b = false) {
   detail::OpScope op_scope("matmul", a, b);
-  detail::check_defined("matmul", a, "first input");
-  detail::check_defined("matmul", b, "second input");
-  detail::check_same_device("matmul", a, b);
-  detail::check_same_dtype("matmul", a, b);
+  detail::check_operands("matmul", a, b);
   detail::check_floating("matmul", a);
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul: scalars cannot be multiplied: ", a.desc(), " and ",
               b.desc());
@@ -145,10 +142,7 @@ inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = f
 namespace detail {
 // The checks of linear and linear_act: x [..., in], w [out, in], b [out] or undefined.
 inline void check_linear_args(const char* name, const AnyTensor& x, const AnyTensor& w, const AnyTensor& b) {
-  check_defined(name, x, "input");
-  check_defined(name, w, "weight");
-  check_same_device(name, x, w);
-  check_same_dtype(name, x, w);
+  check_operands(name, x, w, "input", "weight");
   check_floating(name, x);
   EMBER_CHECK(x.dim() >= 1, ShapeError, name, ": the input must have at least one dimension, got ", x.desc());
   EMBER_CHECK(w.dim() == 2, ShapeError, name, ": the weight must be [out_features, in_features], got ", w.desc());

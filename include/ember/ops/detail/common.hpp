@@ -83,6 +83,16 @@ inline void check_same_dtype(const char* op, const AnyTensor& a, const AnyTensor
               "; cast one with .to<T>()");
 }
 
+// The two operands of a binary op: both defined (`a_what` and `b_what` name them in the message),
+// on one device, of one dtype.
+inline void check_operands(const char* op, const AnyTensor& a, const AnyTensor& b, const char* a_what = "first input",
+                           const char* b_what = "second input") {
+  check_defined(op, a, a_what);
+  check_defined(op, b, b_what);
+  check_same_device(op, a, b);
+  check_same_dtype(op, a, b);
+}
+
 inline void check_floating(const char* op, const AnyTensor& a) {
   EMBER_CHECK(is_floating(a.dtype()), DTypeError, op, ": needs a floating-point tensor, got ", a.desc());
 }
