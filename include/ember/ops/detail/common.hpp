@@ -151,12 +151,20 @@ inline AnyTensor expand_raw(const AnyTensor& x, const Shape& shape) {
   return out;
 }
 
+// Views a tensor of shape s as [outer, s[d], inner] around dimension d (the kernels' layout for
+// reductions, indexing and block copies along d).
+inline void outer_inner(const Shape& s, int d, int64_t& outer, int64_t& inner) {
+  outer = 1;
+  inner = 1;
+  for (int i = 0; i < d; ++i) outer *= s[i];
+  for (int i = d + 1; i < s.dim(); ++i) inner *= s[i];
+}
+
 // Sum of x over dimension d (kept as size 1). Not recorded.
 inline AnyTensor reduce_dim_raw(ReduceOp op, const AnyTensor& x, int d) {
   const Shape& s = x.shape();
-  int64_t outer = 1, inner = 1;
-  for (int i = 0; i < d; ++i) outer *= s[i];
-  for (int i = d + 1; i < s.dim(); ++i) inner *= s[i];
+  int64_t outer, inner;
+  outer_inner(s, d, outer, inner);
   Shape os = s;
   os[d] = 1;
   const bool arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
