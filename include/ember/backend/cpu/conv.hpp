@@ -195,8 +195,8 @@ void im2col_conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, 
   c.for_each([&](int64_t n0, int64_t nb, int64_t gr) {
     c.gather_rows(gy, n0, nb, gr);
     // cols [K, nb*L] = W_g^T [K, cout_g] @ gy_g [cout_g, nb*L]
-    gemm(gemm_args(a.dtype, true, false, c.K, nb * c.L, c.cout_g, w + gr * c.cout_g * c.K, c.K, c.rows.data(),
-                   nb * c.L, c.cols.data(), nb * c.L, 0.0));
+    gemm(gemm_args(a.dtype, true, false, c.K, nb * c.L, c.cout_g, w + gr * c.cout_g * c.K, c.K, c.rows.data(), nb * c.L,
+                   c.cols.data(), nb * c.L, 0.0));
     c.col2im_chunk(gx, n0, nb, gr);
   });
 }

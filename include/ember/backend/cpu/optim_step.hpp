@@ -128,7 +128,7 @@ inline int64_t adam_step_f32_lanes(const AdamF32Consts& c, float* param, float* 
 template <class P, class G, class S>
 void adam_step(const AdamStepArgs& a, P* param, G* grad, S* exp_avg, S* exp_avg_sq, S* max_exp_avg_sq) {
   const S decay = static_cast<S>(1.0 - a.lr * a.weight_decay);  // decoupled (AdamW)
-  const Lerp<S> lerp(1.0 - a.beta1);  // lerp(exp_avg, g, 1 - beta1)
+  const Lerp<S> lerp(1.0 - a.beta1);                            // lerp(exp_avg, g, 1 - beta1)
   const S beta2 = static_cast<S>(a.beta2), one_minus_beta2 = static_cast<S>(1.0 - a.beta2);
   const S inv_bc2 = static_cast<S>(1.0 / a.bias_correction2_sqrt);
   const S eps = static_cast<S>(a.eps);

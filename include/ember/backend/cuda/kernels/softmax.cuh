@@ -70,8 +70,7 @@ struct RowGroup {
 // The maximum of row xr [n] over the group (every thread gets it), ignoring NaN; 0 for a row of
 // -inf, so that x - max stays finite. smem as group_reduce's.
 template <bool kBlock, class T>
-__device__ __forceinline__ calc_t<T> group_row_max(const RowGroup<kBlock>& g, const T* xr, int64_t n,
-                                                   calc_t<T>* smem) {
+__device__ __forceinline__ calc_t<T> group_row_max(const RowGroup<kBlock>& g, const T* xr, int64_t n, calc_t<T>* smem) {
   using C = calc_t<T>;
   C mx = C(-INFINITY);
   for (int64_t c = g.lane; c < n; c += g.size) {
