@@ -158,12 +158,8 @@ class MpiProcessGroup : public ProcessGroup {
       tmp = w->temp(n);
       detail::widen_16(dt, buf, tmp, n);
     }
-    const int sz = size_;
     void* red = tmp ? static_cast<void*>(tmp) : buf;  // what MPI reduces
-    w->on_complete([=] {
-      if (op == ReduceOp::Avg) detail::divide_in_place(dt, red, n, sz);
-      if (tmp) detail::narrow_16(dt, tmp, buf, n);
-    });
+    finish_reduction(*w, op, dt, red, tmp, buf, n);
     const MPI_Datatype type = detail::mpi_reduce_type(dt);
     const MPI_Op mop = detail::mpi_op(op);
     const MPI_Comm comm = comm_;
@@ -196,16 +192,10 @@ class MpiProcessGroup : public ProcessGroup {
                                              ReduceOp op = ReduceOp::Sum) override {
     const std::string what = ::ember::detail::str_cat("reduce_scatter(", reduce_op_name(op), ") of ", input.desc(),
                                              " into ", output.desc());
-    check_tensor(output, "reduce_scatter");
-    check_tensor(input, "reduce_scatter");
-    detail::check_whole_and_part("MpiProcessGroup::reduce_scatter", output, input, /*output_is_whole=*/false, size_);
+    int count = 0;
+    auto w = whole_and_part_work("reduce_scatter", output, input, /*output_is_whole=*/false, what, count);
+    if (!w) return std::make_shared<CompletedWork>();
     const int64_t n = output.numel();
-    if (n == 0) return std::make_shared<CompletedWork>();
-    const int count = checked_count(n, what);
-    checked_count(input.numel(), what);
-    auto w = make_work(what);
-    w->keep(output);
-    w->keep(input);
     const DType dt = output.dtype();
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
@@ -216,13 +206,9 @@ class MpiProcessGroup : public ProcessGroup {
       detail::widen_16(dt, in, tin, input.numel());
       tout = w->temp(n);
     }
-    const int sz = size_;
     const void* src = tin ? static_cast<const void*>(tin) : in;
     void* dst = tout ? static_cast<void*>(tout) : out;  // what MPI reduces into
-    w->on_complete([=] {
-      if (op == ReduceOp::Avg) detail::divide_in_place(dt, dst, n, sz);
-      if (tout) detail::narrow_16(dt, tout, out, n);
-    });
+    finish_reduction(*w, op, dt, dst, tout, out, n);
     const MPI_Datatype type = detail::mpi_reduce_type(dt);
     const MPI_Op mop = detail::mpi_op(op);
     const MPI_Comm comm = comm_;
@@ -234,16 +220,9 @@ class MpiProcessGroup : public ProcessGroup {
 
   std::shared_ptr<Work> all_gather_async(AnyTensor& output, const AnyTensor& input) override {
     const std::string what = ::ember::detail::str_cat("all_gather of ", input.desc(), " into ", output.desc());
-    check_tensor(output, "all_gather");
-    check_tensor(input, "all_gather");
-    detail::check_whole_and_part("MpiProcessGroup::all_gather", output, input, /*output_is_whole=*/true, size_);
-    const int64_t n = input.numel();
-    if (n == 0) return std::make_shared<CompletedWork>();
-    const int count = checked_count(n, what);
-    checked_count(output.numel(), what);
-    auto w = make_work(what);
-    w->keep(output);
-    w->keep(input);
+    int count = 0;
+    auto w = whole_and_part_work("all_gather", output, input, /*output_is_whole=*/true, what, count);
+    if (!w) return std::make_shared<CompletedWork>();
     const MPI_Datatype type = detail::mpi_raw_type(input.dtype());
     const void* src = input.data_ptr();
     void* dst = output.data_ptr();
@@ -305,6 +284,39 @@ class MpiProcessGroup : public ProcessGroup {
     EMBER_CHECK(n <= INT_MAX, ValueError, "MpiProcessGroup: ", what, " has ", n,
                 " elements; one MPI collective moves at most INT_MAX elements per rank");
     return static_cast<int>(n);
+  }
+
+  // The checks and the Work of a collective between a whole tensor and this rank's part of it
+  // (reduce_scatter: the part is the output; all_gather: the input). A null Work when the part is
+  // empty (nothing to move); else the Work, keeping both tensors, with `count` set to the part's
+  // element count as MPI takes it (both counts checked).
+  std::shared_ptr<MpiWork> whole_and_part_work(const char* op, const AnyTensor& output, const AnyTensor& input,
+                                               bool output_is_whole, const std::string& what, int& count) const {
+    check_tensor(output, op);
+    check_tensor(input, op);
+    detail::check_whole_and_part(::ember::detail::str_cat("MpiProcessGroup::", op), output, input, output_is_whole,
+                                 size_);
+    const AnyTensor& part = output_is_whole ? input : output;
+    const AnyTensor& whole = output_is_whole ? output : input;
+    if (part.numel() == 0) return nullptr;
+    count = checked_count(part.numel(), what);
+    checked_count(whole.numel(), what);
+    auto w = make_work(what);
+    w->keep(output);
+    w->keep(input);
+    return w;
+  }
+
+  // What a reduction does on completion: the average's division by the group size in `reduced`
+  // (the n elements MPI reduced into), then, for a 16-bit float tensor, the narrowing of their
+  // fp32 widening back into `out`.
+  void finish_reduction(MpiWork& w, ReduceOp op, DType dt, void* reduced, float* widened, void* out,
+                        int64_t n) const {
+    const int sz = size_;
+    w.on_complete([=] {
+      if (op == ReduceOp::Avg) detail::divide_in_place(dt, reduced, n, sz);
+      if (widened) detail::narrow_16(dt, widened, out, n);
+    });
   }
 
   std::shared_ptr<MpiWork> make_work(std::string what) const {

@@ -84,19 +84,6 @@ void reduce_into(T* dst, const std::vector<const T*>& srcs, int64_t n, ReduceOp 
   }
 }
 
-template <class F>
-void with_type(DType dt, F&& f) {
-  switch (dt) {
-    case DType::Float32: f(float{}); return;
-    case DType::Float64: f(double{}); return;
-    case DType::Float16: f(half{}); return;
-    case DType::BFloat16: f(bfloat16{}); return;
-    case DType::Int32: f(int32_t{}); return;
-    case DType::Int64: f(int64_t{}); return;
-    case DType::UInt8: f(uint8_t{}); return;
-  }
-}
-
 // Runs under the rendezvous lock once every rank has arrived.
 inline void execute(Op& op) {
   const int world = static_cast<int>(op.in.size());
@@ -119,7 +106,7 @@ inline void execute(Op& op) {
     }
     case Kind::AllReduce:
     case Kind::ReduceScatter: {
-      with_type(op.dtype, [&](auto tag) {
+      dispatch_dtype(op.dtype, [&](auto tag) {
         using T = decltype(tag);
         const int64_t n = op.out_numel;
         if (n == 0) return;

@@ -73,14 +73,19 @@ AnyTensor to_compute(const Tensor<T>& x) {
   return x.to(dtype_of<compute_t<T>>);
 }
 
-// A floating target of the input's shape, as the compute type. The target may have the input's
+// The checks every floating target passes: defined, on the input's device, and of the input's
 // dtype or the compute dtype (an fp32 target for fp16 logits).
-inline AnyTensor float_target(const char* op, const AnyTensor& input, const AnyTensor& target, DType cdt) {
+inline void check_float_target(const char* op, const AnyTensor& input, const AnyTensor& target, DType cdt) {
   op::detail::check_defined(op, target, "target");
   op::detail::check_same_device(op, input, target);
   EMBER_CHECK(target.dtype() == input.dtype() || target.dtype() == cdt, DTypeError, op, ": target ", target.desc(),
               " must have the input's dtype (", dtype_name(input.dtype()), ")",
               cdt != input.dtype() ? ember::detail::str_cat(" or ", dtype_name(cdt)) : std::string());
+}
+
+// A floating target of the input's shape, as the compute type.
+inline AnyTensor float_target(const char* op, const AnyTensor& input, const AnyTensor& target, DType cdt) {
+  check_float_target(op, input, target, cdt);
   EMBER_CHECK(target.shape() == input.shape(), ShapeError, op, ": target ", target.desc(), " and input ", input.desc(),
               " must have the same shape");
   return target.to(cdt);
@@ -95,11 +100,7 @@ inline std::atomic<bool>& broadcast_warned(int which) {
 }
 inline AnyTensor broadcast_target(const char* op, int which, const AnyTensor& input, const AnyTensor& target,
                                   DType cdt) {
-  op::detail::check_defined(op, target, "target");
-  op::detail::check_same_device(op, input, target);
-  EMBER_CHECK(target.dtype() == input.dtype() || target.dtype() == cdt, DTypeError, op, ": target ", target.desc(),
-              " must have the input's dtype (", dtype_name(input.dtype()), ")",
-              cdt != input.dtype() ? ember::detail::str_cat(" or ", dtype_name(cdt)) : std::string());
+  check_float_target(op, input, target, cdt);
   if (!(target.shape() == input.shape())) {
     op::detail::broadcast_shapes(op, input.shape(), target.shape(), " (input)", " (target)");
     if (!broadcast_warned(which).exchange(true))
@@ -109,6 +110,17 @@ inline AnyTensor broadcast_target(const char* op, int which, const AnyTensor& in
                    "same size.\n";
   }
   return target.to(cdt);
+}
+
+// An elementwise regression loss: `of_difference(input - target)` in the compute type, with the
+// target broadcast (broadcast_target's `which` keys its warning), then reduced.
+template <Element T, class OfDifference>
+Tensor<compute_t<T>> elementwise_loss(const char* op, int which, const Tensor<T>& input, const AnyTensor& target,
+                                      Reduction red, OfDifference of_difference) {
+  op::detail::check_defined(op, input);
+  AnyTensor x = to_compute(input);
+  AnyTensor t = broadcast_target(op, which, input, target, x.dtype());
+  return Tensor<compute_t<T>>(apply_reduction(of_difference(op::sub(x, t)), red));
 }
 
 }  // namespace detail
@@ -121,10 +133,7 @@ template <Element T>
   requires std::is_floating_point_v<compute_t<T>>
 Tensor<compute_t<T>> mse_loss(const Tensor<T>& input, const AnyTensor& target, const std::string& reduction = "mean") {
   auto red = detail::parse_reduction("mse_loss", reduction);
-  op::detail::check_defined("mse_loss", input);
-  AnyTensor x = detail::to_compute(input);
-  AnyTensor t = detail::broadcast_target("mse_loss", 0, input, target, x.dtype());
-  return Tensor<compute_t<T>>(detail::apply_reduction(op::square(op::sub(x, t)), red));
+  return detail::elementwise_loss("mse_loss", 0, input, target, red, [](const AnyTensor& d) { return op::square(d); });
 }
 
 // mean/sum/none of |input - target|.
@@ -132,10 +141,7 @@ template <Element T>
   requires std::is_floating_point_v<compute_t<T>>
 Tensor<compute_t<T>> l1_loss(const Tensor<T>& input, const AnyTensor& target, const std::string& reduction = "mean") {
   auto red = detail::parse_reduction("l1_loss", reduction);
-  op::detail::check_defined("l1_loss", input);
-  AnyTensor x = detail::to_compute(input);
-  AnyTensor t = detail::broadcast_target("l1_loss", 1, input, target, x.dtype());
-  return Tensor<compute_t<T>>(detail::apply_reduction(op::abs(op::sub(x, t)), red));
+  return detail::elementwise_loss("l1_loss", 1, input, target, red, [](const AnyTensor& d) { return op::abs(d); });
 }
 
 // 0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (d = input - target); beta = 0 is L1.
@@ -145,20 +151,13 @@ Tensor<compute_t<T>> smooth_l1_loss(const Tensor<T>& input, const AnyTensor& tar
                                     const std::string& reduction = "mean", double beta = 1.0) {
   auto red = detail::parse_reduction("smooth_l1_loss", reduction);
   EMBER_CHECK(beta >= 0.0, ValueError, "smooth_l1_loss: beta must be non-negative, got ", beta);
-  op::detail::check_defined("smooth_l1_loss", input);
-  AnyTensor x = detail::to_compute(input);
-  AnyTensor t = detail::broadcast_target("smooth_l1_loss", 2, input, target, x.dtype());
-  AnyTensor d = op::sub(x, t);
-  AnyTensor ad = op::abs(d);
-  AnyTensor l;
-  if (beta == 0.0) {
-    l = ad;
-  } else {
+  return detail::elementwise_loss("smooth_l1_loss", 2, input, target, red, [beta](const AnyTensor& d) {
+    AnyTensor ad = op::abs(d);
+    if (beta == 0.0) return ad;
     AnyTensor quad = op::mul(op::square(d), 0.5 / beta);
     AnyTensor lin = op::sub(ad, 0.5 * beta);
-    l = op::where(op::compare(CompareOp::Lt, ad, beta), quad, lin);
-  }
-  return Tensor<compute_t<T>>(detail::apply_reduction(l, red));
+    return op::where(op::compare(CompareOp::Lt, ad, beta), quad, lin);
+  });
 }
 
 // Negative log-likelihood: input holds log-probabilities [N, C, d1, ...] (or [C]), target class
@@ -223,7 +222,9 @@ Tensor<compute_t<T>> binary_cross_entropy_with_logits(const Tensor<T>& input, co
 // ---- modules (two inputs, so they derive from Module, not ModuleBase) ----
 
 namespace detail {
-// A loss module with a reduction string, checked at construction.
+// A loss module with a reduction string, checked at construction. Its operator() is
+// Derived::forward(input, target).
+template <class Derived>
 class LossBase : public Module {
  public:
   LossBase(const char* name, std::string reduction) : name_(name), reduction_(std::move(reduction)) {
@@ -231,31 +232,46 @@ class LossBase : public Module {
   }
   std::string type_name() const override { return name_; }
   const std::string& reduction() const { return reduction_; }
+  template <Element T>
+  Tensor<compute_t<T>> operator()(const Tensor<T>& input, const AnyTensor& target) {
+    return static_cast<Derived&>(*this).forward(input, target);
+  }
 
  protected:
   std::string name_;
   std::string reduction_;
 };
+
+// A loss module configured by an options struct. The class weight, when given, is a buffer
+// named "weight" (as in PyTorch), so it moves with to(device) / to(dtype) and appears in the
+// state dict.
+template <class Derived, class Options>
+class OptionsLossBase : public LossBase<Derived> {
+ public:
+  OptionsLossBase(const char* name, Options opt) : LossBase<Derived>(name, opt.reduction), opt_(std::move(opt)) {
+    if (opt_.weight.defined()) opt_.weight = this->register_buffer("weight", opt_.weight);
+  }
+  const Options& options() const { return opt_; }
+
+ protected:
+  Options opt_;
+};
 }  // namespace detail
 
 #define EMBER_ELEMENTWISE_LOSS(Class, fn)                                                   \
-  class Class : public detail::LossBase {                                                  \
+  class Class : public detail::LossBase<Class> {                                           \
    public:                                                                                 \
     explicit Class(std::string reduction = "mean") : LossBase(#Class, std::move(reduction)) {} \
     template <Element T>                                                                   \
     Tensor<compute_t<T>> forward(const Tensor<T>& input, const AnyTensor& target) {        \
       return functional::fn(input, target, reduction_);                                    \
     }                                                                                      \
-    template <Element T>                                                                   \
-    Tensor<compute_t<T>> operator()(const Tensor<T>& input, const AnyTensor& target) {     \
-      return forward(input, target);                                                       \
-    }                                                                                      \
   };
 EMBER_ELEMENTWISE_LOSS(MSELoss, mse_loss)
 EMBER_ELEMENTWISE_LOSS(L1Loss, l1_loss)
 #undef EMBER_ELEMENTWISE_LOSS
 
-class SmoothL1Loss : public detail::LossBase {
+class SmoothL1Loss : public detail::LossBase<SmoothL1Loss> {
  public:
   explicit SmoothL1Loss(std::string reduction = "mean", double beta = 1.0)
       : LossBase("SmoothL1Loss", std::move(reduction)), beta_(beta) {
@@ -265,77 +281,43 @@ class SmoothL1Loss : public detail::LossBase {
   Tensor<compute_t<T>> forward(const Tensor<T>& input, const AnyTensor& target) {
     return functional::smooth_l1_loss(input, target, reduction_, beta_);
   }
-  template <Element T>
-  Tensor<compute_t<T>> operator()(const Tensor<T>& input, const AnyTensor& target) {
-    return forward(input, target);
-  }
   double beta() const { return beta_; }
 
  private:
   double beta_;
 };
 
-// The class weight, when given, is a buffer named "weight" (as in PyTorch), so it moves with
-// to(device) / to(dtype) and appears in the state dict.
-class CrossEntropyLoss : public detail::LossBase {
+class CrossEntropyLoss : public detail::OptionsLossBase<CrossEntropyLoss, CrossEntropyOptions> {
  public:
-  explicit CrossEntropyLoss(CrossEntropyOptions opt = {})
-      : LossBase("CrossEntropyLoss", opt.reduction), opt_(std::move(opt)) {
+  explicit CrossEntropyLoss(CrossEntropyOptions opt = {}) : OptionsLossBase("CrossEntropyLoss", std::move(opt)) {
     EMBER_CHECK(opt_.label_smoothing >= 0.0 && opt_.label_smoothing <= 1.0, ValueError,
                 "CrossEntropyLoss: label_smoothing must be in [0, 1], got ", opt_.label_smoothing);
-    if (opt_.weight.defined()) opt_.weight = register_buffer("weight", opt_.weight);
   }
   template <Element T>
   Tensor<compute_t<T>> forward(const Tensor<T>& input, const AnyTensor& target) {
     return functional::cross_entropy(input, target, opt_);
   }
-  template <Element T>
-  Tensor<compute_t<T>> operator()(const Tensor<T>& input, const AnyTensor& target) {
-    return forward(input, target);
-  }
-  const CrossEntropyOptions& options() const { return opt_; }
-
- private:
-  CrossEntropyOptions opt_;
 };
 
-class NLLLoss : public detail::LossBase {
+class NLLLoss : public detail::OptionsLossBase<NLLLoss, NLLLossOptions> {
  public:
-  explicit NLLLoss(NLLLossOptions opt = {}) : LossBase("NLLLoss", opt.reduction), opt_(std::move(opt)) {
-    if (opt_.weight.defined()) opt_.weight = register_buffer("weight", opt_.weight);
-  }
+  explicit NLLLoss(NLLLossOptions opt = {}) : OptionsLossBase("NLLLoss", std::move(opt)) {}
   template <Element T>
   Tensor<compute_t<T>> forward(const Tensor<T>& input, const AnyTensor& target) {
     return functional::nll_loss(input, target, opt_);
   }
-  template <Element T>
-  Tensor<compute_t<T>> operator()(const Tensor<T>& input, const AnyTensor& target) {
-    return forward(input, target);
-  }
-
- private:
-  NLLLossOptions opt_;
 };
 
-// Buffers "weight" and "pos_weight" when given, as in PyTorch.
-class BCEWithLogitsLoss : public detail::LossBase {
+// "pos_weight", when given, is a buffer too, as in PyTorch.
+class BCEWithLogitsLoss : public detail::OptionsLossBase<BCEWithLogitsLoss, BCEWithLogitsOptions> {
  public:
-  explicit BCEWithLogitsLoss(BCEWithLogitsOptions opt = {})
-      : LossBase("BCEWithLogitsLoss", opt.reduction), opt_(std::move(opt)) {
-    if (opt_.weight.defined()) opt_.weight = register_buffer("weight", opt_.weight);
+  explicit BCEWithLogitsLoss(BCEWithLogitsOptions opt = {}) : OptionsLossBase("BCEWithLogitsLoss", std::move(opt)) {
     if (opt_.pos_weight.defined()) opt_.pos_weight = register_buffer("pos_weight", opt_.pos_weight);
   }
   template <Element T>
   Tensor<compute_t<T>> forward(const Tensor<T>& input, const AnyTensor& target) {
     return functional::binary_cross_entropy_with_logits(input, target, opt_);
   }
-  template <Element T>
-  Tensor<compute_t<T>> operator()(const Tensor<T>& input, const AnyTensor& target) {
-    return forward(input, target);
-  }
-
- private:
-  BCEWithLogitsOptions opt_;
 };
 
 }  // namespace ember::nn

@@ -29,6 +29,28 @@ inline std::string dims_str(const std::vector<int64_t>& dims) {
   for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + "]";
 }
+
+// The checks of layer_norm and rms_norm (x defined, normalized_shape of at least one dimension,
+// x ending in it); returns the number of elements each normalisation covers.
+inline int64_t normalized_size(const char* op, const AnyTensor& x, const std::vector<int64_t>& normalized_shape) {
+  op::detail::check_defined(op, x);
+  const int k = static_cast<int>(normalized_shape.size());
+  EMBER_CHECK(k >= 1, ValueError, op, ": normalized_shape must have at least one dimension");
+  bool ok = x.dim() >= k;
+  for (int i = 0; ok && i < k; ++i) ok = x.shape()[x.dim() - k + i] == normalized_shape[static_cast<size_t>(i)];
+  EMBER_CHECK(ok, ShapeError, op, ": input ", x.desc(), " does not end in normalized_shape ",
+              dims_str(normalized_shape));
+  int64_t cols = 1;
+  for (int64_t d : normalized_shape) cols *= d;
+  return cols;
+}
+
+// The checks of LayerNorm's and RMSNorm's normalized_shape: at least one dimension, all positive.
+inline void check_normalized_shape(const char* module, const std::vector<int64_t>& shape) {
+  EMBER_CHECK(!shape.empty(), ValueError, module, ": normalized_shape must have at least one dimension");
+  for (int64_t d : shape)
+    EMBER_CHECK(d > 0, ValueError, module, ": normalized_shape ", dims_str(shape), " must be positive");
+}
 }  // namespace detail
 
 namespace functional {
@@ -39,21 +61,13 @@ template <Element T>
 Tensor<T> layer_norm(const Tensor<T>& x, const std::vector<int64_t>& normalized_shape, const AnyTensor& weight = {},
                      const AnyTensor& bias = {}, double eps = 1e-5) {
   using C = compute_t<T>;
-  op::detail::check_defined("layer_norm", x);
-  const int k = static_cast<int>(normalized_shape.size());
-  EMBER_CHECK(k >= 1, ValueError, "layer_norm: normalized_shape must have at least one dimension");
-  bool ok = x.dim() >= k;
-  for (int i = 0; ok && i < k; ++i) ok = x.shape()[x.dim() - k + i] == normalized_shape[static_cast<size_t>(i)];
-  EMBER_CHECK(ok, ShapeError, "layer_norm: input ", x.desc(), " does not end in normalized_shape ",
-              detail::dims_str(normalized_shape));
+  const int64_t cols = detail::normalized_size("layer_norm", x, normalized_shape);
   // The fused kernel (ops/norm.hpp) when the parameters have the input's dtype; otherwise (fp16
   // activations with fp32 parameters) the composite below, in the compute type.
-  int64_t cols = 1;
-  for (int64_t d : normalized_shape) cols *= d;
   if ((!weight.defined() || weight.dtype() == x.dtype()) && (!bias.defined() || bias.dtype() == x.dtype()))
     return Tensor<T>(op::layer_norm(x, cols, weight, bias, eps));
   std::vector<int> dims;
-  for (int i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
+  for (int i = x.dim() - static_cast<int>(normalized_shape.size()); i < x.dim(); ++i) dims.push_back(i);
   Tensor<C> xc = x.template to<C>();
   Tensor<C> mu = mean(xc, dims, true);
   Tensor<C> d = xc - mu;
@@ -71,22 +85,14 @@ template <Element T>
   requires std::is_floating_point_v<compute_t<T>>
 Tensor<T> rms_norm(const Tensor<T>& x, const std::vector<int64_t>& normalized_shape, const AnyTensor& weight = {},
                    double eps = -1.0) {
-  op::detail::check_defined("rms_norm", x);
-  const int k = static_cast<int>(normalized_shape.size());
-  EMBER_CHECK(k >= 1, ValueError, "rms_norm: normalized_shape must have at least one dimension");
-  bool ok = x.dim() >= k;
-  for (int i = 0; ok && i < k; ++i) ok = x.shape()[x.dim() - k + i] == normalized_shape[static_cast<size_t>(i)];
-  EMBER_CHECK(ok, ShapeError, "rms_norm: input ", x.desc(), " does not end in normalized_shape ",
-              detail::dims_str(normalized_shape));
-  int64_t cols = 1;
-  for (int64_t d : normalized_shape) cols *= d;
-  if (eps < 0)  // torch.finfo(dtype).eps
-    eps = dtype_of<T> == DType::Float64   ? 2.220446049250313e-16
-          : dtype_of<T> == DType::Float32 ? 1.1920928955078125e-07
-          : dtype_of<T> == DType::Float16 ? 0.0009765625
-                                          : 0.0078125;
-  AnyTensor w = weight.defined() ? AnyTensor(param_as<T>(weight)) : AnyTensor();
-  return Tensor<T>(op::rms_norm(x, cols, w, eps));
+    const int64_t cols = detail::normalized_size("rms_norm", x, normalized_shape);
+    if (eps < 0)  // torch.finfo(dtype).eps
+      eps = dtype_of<T> == DType::Float64   ? 2.220446049250313e-16
+            : dtype_of<T> == DType::Float32 ? 1.1920928955078125e-07
+            : dtype_of<T> == DType::Float16 ? 0.0009765625
+                                            : 0.0078125;
+    AnyTensor w = weight.defined() ? AnyTensor(param_as<T>(weight)) : AnyTensor();
+    return Tensor<T>(op::rms_norm(x, cols, w, eps));
 }
 }  // namespace functional
 
@@ -102,9 +108,7 @@ class LayerNorm : public ModuleBase<LayerNorm> {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, LayerNormOptions opt = {})
       : shape_(std::move(normalized_shape)), eps_(opt.eps) {
-    EMBER_CHECK(!shape_.empty(), ValueError, "LayerNorm: normalized_shape must have at least one dimension");
-    for (int64_t d : shape_) EMBER_CHECK(d > 0, ValueError, "LayerNorm: normalized_shape ", detail::dims_str(shape_),
-                                         " must be positive");
+    detail::check_normalized_shape("LayerNorm", shape_);
     if (opt.elementwise_affine) {
       weight = register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, opt.dtype, opt.device));
       if (opt.bias) bias = register_parameter("bias", AnyTensor::zeros(Shape(shape_), opt.dtype, opt.device));
@@ -141,9 +145,7 @@ class RMSNorm : public ModuleBase<RMSNorm> {
  public:
   explicit RMSNorm(std::vector<int64_t> normalized_shape, RMSNormOptions opt = {})
       : shape_(std::move(normalized_shape)), eps_(opt.eps) {
-    EMBER_CHECK(!shape_.empty(), ValueError, "RMSNorm: normalized_shape must have at least one dimension");
-    for (int64_t d : shape_) EMBER_CHECK(d > 0, ValueError, "RMSNorm: normalized_shape ", detail::dims_str(shape_),
-                                         " must be positive");
+    detail::check_normalized_shape("RMSNorm", shape_);
     if (opt.elementwise_affine) weight = register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, opt.dtype, opt.device));
   }
   explicit RMSNorm(int64_t normalized_dim, RMSNormOptions opt = {}) : RMSNorm(std::vector<int64_t>{normalized_dim}, opt) {}

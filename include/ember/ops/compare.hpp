@@ -13,10 +13,7 @@ inline AnyTensor compare(CompareOp cop, const AnyTensor& a, const AnyTensor& b) 
   static const char* names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
   const char* name = names[static_cast<int>(cop)];
   detail::OpScope op_scope(name, a, b);
-  detail::check_defined(name, a, "first input");
-  detail::check_defined(name, b, "second input");
-  detail::check_same_device(name, a, b);
-  detail::check_same_dtype(name, a, b);
+  detail::check_operands(name, a, b);
   Shape os = detail::broadcast_shapes(name, a.shape(), b.shape());
   AnyTensor out = AnyTensor::empty(os, DType::UInt8, a.device());
   Shape as = a.shape(), bs = b.shape();

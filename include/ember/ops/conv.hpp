@@ -53,10 +53,7 @@ inline Conv2dArgs conv_args(const AnyTensor& x, const AnyTensor& w, const Conv2d
 inline AnyTensor conv2d(const AnyTensor& x, const AnyTensor& weight, const AnyTensor& bias = AnyTensor(),
                         const Conv2dOptions& o = {}) {
   detail::OpScope op_scope("conv2d", x, weight, bias);
-  detail::check_defined("conv2d", x);
-  detail::check_defined("conv2d", weight, "weight");
-  detail::check_same_device("conv2d", x, weight);
-  detail::check_same_dtype("conv2d", x, weight);
+  detail::check_operands("conv2d", x, weight, "input", "weight");
   detail::check_floating("conv2d", x);
   EMBER_CHECK(x.dim() == 4, ShapeError, "conv2d: input must be [N, C, H, W], got ", x.desc());
   EMBER_CHECK(weight.dim() == 4, ShapeError, "conv2d: weight must be [C_out, C_in/groups, kh, kw], got ", weight.desc());

@@ -164,10 +164,7 @@ inline const char* binary_name(BinaryOp op) {
 inline AnyTensor binary(BinaryOp op, const AnyTensor& a, const AnyTensor& b) {
   const char* name = detail::binary_name(op);
   detail::OpScope op_scope(name, a, b);
-  detail::check_defined(name, a, "first input");
-  detail::check_defined(name, b, "second input");
-  detail::check_same_device(name, a, b);
-  detail::check_same_dtype(name, a, b);
+  detail::check_operands(name, a, b);
   Shape out_shape = detail::broadcast_shapes(name, a.shape(), b.shape());
   if (op == BinaryOp::Div) detail::check_no_integer_zero_divisor(name, a, b);
   AnyTensor out = detail::binary_raw(op, a, b, out_shape);

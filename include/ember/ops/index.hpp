@@ -32,14 +32,19 @@ inline void check_index_range(const char* op, const AnyTensor& idx, int64_t n, c
   throw IndexError(::ember::detail::str_cat(op, ": index ", bad, " is out of range for dimension ", dim, " of size ", n,
                                             " of ", x.desc()));
 }
+
+// x and an index tensor: both defined, the index int64 or int32, on x's device.
+inline void check_index_operands(const char* op, const AnyTensor& x, const AnyTensor& index) {
+  check_defined(op, x);
+  check_defined(op, index, "index");
+  check_index_dtype(op, index);
+  check_same_device(op, x, index);
+}
 }  // namespace detail
 
 inline AnyTensor index_select(const AnyTensor& x, int dim, const AnyTensor& index) {
   detail::OpScope op_scope("index_select", x, index);
-  detail::check_defined("index_select", x);
-  detail::check_defined("index_select", index, "index");
-  detail::check_index_dtype("index_select", index);
-  detail::check_same_device("index_select", x, index);
+  detail::check_index_operands("index_select", x, index);
   EMBER_CHECK(index.dim() <= 1, ShapeError, "index_select: index must be 1-D, got ", index.desc());
   EMBER_CHECK(x.dim() >= 1, ShapeError, "index_select: needs at least one dimension, got ", x.desc());
   int d = normalize_dim(dim, x.dim(), "index_select");
@@ -47,10 +52,7 @@ inline AnyTensor index_select(const AnyTensor& x, int dim, const AnyTensor& inde
   const int64_t n = x.shape()[d];
   detail::check_index_range("index_select", idx, n, x, d);
   int64_t outer, inner;
-  outer = 1;
-  inner = 1;
-  for (int i = 0; i < d; ++i) outer *= x.shape()[i];
-  for (int i = d + 1; i < x.dim(); ++i) inner *= x.shape()[i];
+  detail::outer_inner(x.shape(), d, outer, inner);
   Shape os = x.shape();
   os[d] = idx.numel();
   AnyTensor out = AnyTensor::empty(os, x.dtype(), x.device());
@@ -91,10 +93,7 @@ inline AnyTensor embedding(const AnyTensor& weight, const AnyTensor& indices) {
 // and x's sizes in every other dimension.
 inline AnyTensor gather(const AnyTensor& x, int dim, const AnyTensor& index) {
   detail::OpScope op_scope("gather", x, index);
-  detail::check_defined("gather", x);
-  detail::check_defined("gather", index, "index");
-  detail::check_index_dtype("gather", index);
-  detail::check_same_device("gather", x, index);
+  detail::check_index_operands("gather", x, index);
   EMBER_CHECK(x.dim() >= 1 && index.dim() == x.dim(), ShapeError, "gather: index ", index.desc(),
               " must have the rank of ", x.desc());
   int d = normalize_dim(dim, x.dim(), "gather");
@@ -104,9 +103,8 @@ inline AnyTensor gather(const AnyTensor& x, int dim, const AnyTensor& index) {
   AnyTensor idx = detail::as_int64(index);
   const int64_t n = x.shape()[d];
   detail::check_index_range("gather", idx, n, x, d);
-  int64_t outer = 1, inner = 1;
-  for (int i = 0; i < d; ++i) outer *= x.shape()[i];
-  for (int i = d + 1; i < x.dim(); ++i) inner *= x.shape()[i];
+  int64_t outer, inner;
+  detail::outer_inner(x.shape(), d, outer, inner);
   const int64_t idx_n = idx.shape()[d];
   AnyTensor out = AnyTensor::empty(idx.shape(), x.dtype(), x.device());
   if (out.numel() > 0)

@@ -10,48 +10,53 @@
 namespace ember::op {
 
 namespace detail {
-// C = op(A) op(B) + beta C into c, already of the product's shape, for A, B of rank 2 or 3 (a
-// rank-2 operand is shared by every batch entry) with a non-zero inner dimension.
+// The sizes of C = op(A) op(B) for A, B of rank 2 or 3 (a rank-2 operand is shared by every batch
+// entry): A is [ar, ac] (per batch entry), B [br, bc], C [m, n] with inner dimension k.
+struct GemmDims {
+  int64_t ar, ac, br, bc, m, k, n, batch;
+  bool batched;  // either operand has a batch dimension
+  GemmDims(const Shape& as, const Shape& bs, bool ta, bool tb)
+      : ar(as[as.dim() - 2]),
+        ac(as[as.dim() - 1]),
+        br(bs[bs.dim() - 2]),
+        bc(bs[bs.dim() - 1]),
+        m(ta ? ac : ar),
+        k(ta ? ar : ac),
+        n(tb ? br : bc),
+        batch(std::max(as.dim() == 3 ? as[0] : 1, bs.dim() == 3 ? bs[0] : 1)),
+        batched(as.dim() == 3 || bs.dim() == 3) {}
+  Shape out_shape() const { return batched ? Shape{batch, m, n} : Shape{m, n}; }
+};
+
+// C = op(A) op(B) + beta C into c, already of the product's shape, for A, B of rank 2 or 3 with a
+// non-zero inner dimension.
 inline void gemm_into(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb, AnyTensor& c, double beta) {
-  const Shape& as = a.shape();
-  const Shape& bs = b.shape();
-  const int64_t ar = as[as.dim() - 2], ac = as[as.dim() - 1];
-  const int64_t br = bs[bs.dim() - 2], bc = bs[bs.dim() - 1];
-  const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
-  const int64_t batch = std::max(as.dim() == 3 ? as[0] : 1, bs.dim() == 3 ? bs[0] : 1);
-  GemmArgs g;
-  g.dtype = a.dtype();
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a.data_ptr();
-  g.lda = ac;
-  g.stride_a = as.dim() == 3 ? ar * ac : 0;
-  g.b = b.data_ptr();
-  g.ldb = bc;
-  g.stride_b = bs.dim() == 3 ? br * bc : 0;
-  g.c = c.data_ptr();
-  g.ldc = n;
-  g.stride_c = m * n;
-  g.batch = batch;
-  g.beta = beta;
-  c.backend().gemm(g);
+  const GemmDims d(a.shape(), b.shape(), ta, tb);
+  c.backend().gemm(GemmArgs{.dtype = a.dtype(),
+                            .trans_a = ta,
+                            .trans_b = tb,
+                            .m = d.m,
+                            .n = d.n,
+                            .k = d.k,
+                            .a = a.data_ptr(),
+                            .lda = d.ac,
+                            .stride_a = a.dim() == 3 ? d.ar * d.ac : 0,
+                            .b = b.data_ptr(),
+                            .ldb = d.bc,
+                            .stride_b = b.dim() == 3 ? d.br * d.bc : 0,
+                            .c = c.data_ptr(),
+                            .ldc = d.n,
+                            .stride_c = d.m * d.n,
+                            .batch = d.batch,
+                            .beta = beta});
 }
 
 // C = op(A) op(B) for A, B of rank 2 or 3.
 inline AnyTensor mm_raw(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
-  const Shape& as = a.shape();
-  const Shape& bs = b.shape();
-  const int64_t ar = as[as.dim() - 2], ac = as[as.dim() - 1];
-  const int64_t br = bs[bs.dim() - 2], bc = bs[bs.dim() - 1];
-  const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
-  const int64_t batch = std::max(as.dim() == 3 ? as[0] : 1, bs.dim() == 3 ? bs[0] : 1);
-  Shape os = (as.dim() == 3 || bs.dim() == 3) ? Shape{batch, m, n} : Shape{m, n};
-  AnyTensor c = AnyTensor::empty(os, a.dtype(), a.device(), "matmul");
+  const GemmDims d(a.shape(), b.shape(), ta, tb);
+  AnyTensor c = AnyTensor::empty(d.out_shape(), a.dtype(), a.device(), "matmul");
   if (c.numel() == 0) return c;
-  if (k == 0) {
+  if (d.k == 0) {
     c.backend().fill(c.dtype(), c.data_ptr(), c.numel(), 0.0);
     return c;
   }
@@ -84,10 +89,7 @@ inline AnyTensor mm(const AnyTensor& a, const AnyTensor& b, bool ta, bool tb) {
 
 inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = false, bool trans_b = false) {
   detail::OpScope op_scope("matmul", a, b);
-  detail::check_defined("matmul", a, "first input");
-  detail::check_defined("matmul", b, "second input");
-  detail::check_same_device("matmul", a, b);
-  detail::check_same_dtype("matmul", a, b);
+  detail::check_operands("matmul", a, b);
   detail::check_floating("matmul", a);
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul: scalars cannot be multiplied: ", a.desc(), " and ",
               b.desc());
@@ -145,10 +147,7 @@ inline AnyTensor matmul(const AnyTensor& a, const AnyTensor& b, bool trans_a = f
 namespace detail {
 // The checks of linear and linear_act: x [..., in], w [out, in], b [out] or undefined.
 inline void check_linear_args(const char* name, const AnyTensor& x, const AnyTensor& w, const AnyTensor& b) {
-  check_defined(name, x, "input");
-  check_defined(name, w, "weight");
-  check_same_device(name, x, w);
-  check_same_dtype(name, x, w);
+  check_operands(name, x, w, "input", "weight");
   check_floating(name, x);
   EMBER_CHECK(x.dim() >= 1, ShapeError, name, ": the input must have at least one dimension, got ", x.desc());
   EMBER_CHECK(w.dim() == 2, ShapeError, name, ": the weight must be [out_features, in_features], got ", w.desc());
@@ -163,13 +162,21 @@ inline void check_linear_args(const char* name, const AnyTensor& x, const AnyTen
   }
 }
 
-// The product of x's leading dimensions, folded into the GEMM's rows (not numel / in, which
-// divides by 0 when in is 0).
-inline int64_t linear_rows(const AnyTensor& x) {
-  int64_t rows = 1;
-  for (int i = 0; i < x.dim() - 1; ++i) rows *= x.shape()[i];
-  return rows;
-}
+// The shapes of linear and linear_act for x [..., in] and w [out, in]: x folds into x2 [rows, in]
+// (rows is the product of x's leading dimensions, not numel / in, which divides by 0 when in is
+// 0), the GEMM gives y2 [rows, out], and y is y2 as [..., out].
+struct LinearShapes {
+  int64_t in, out, rows = 1;
+  Shape x2, y2, y;
+  LinearShapes(const AnyTensor& x, const AnyTensor& w) : in(w.shape()[1]), out(w.shape()[0]) {
+    for (int i = 0; i < x.dim() - 1; ++i) rows *= x.shape()[i];
+    std::vector<int64_t> y_dims = x.shape().vec();
+    y_dims.back() = out;
+    x2 = Shape{rows, in};
+    y2 = Shape{rows, out};
+    y = Shape(y_dims);
+  }
+};
 
 // The gradients of y = x W^T + b from gy [rows, out] (x saved as [rows, in]): gx = gy W (in x's
 // shape), gW = gy^T x, gb = the column sums of gy; each only where asked for.
@@ -202,33 +209,30 @@ inline const char* linear_act_name(LinearActivation a) {
 inline AnyTensor linear(const AnyTensor& x, const AnyTensor& w, const AnyTensor& b = AnyTensor()) {
   detail::OpScope op_scope("linear", x, w, b);
   detail::check_linear_args("linear", x, w, b);
-  const int64_t in = w.shape()[1], out = w.shape()[0];
-  const int64_t rows = detail::linear_rows(x);
-  std::vector<int64_t> out_shape = x.shape().vec();
-  out_shape.back() = out;
-  const Shape y2_shape{rows, out};
-  AnyTensor x2 = x.reshape(Shape{rows, in});
+  const detail::LinearShapes s(x, w);
+  AnyTensor x2 = x.reshape(s.x2);
   AnyTensor y2;
   if (b.defined()) {
-    y2 = detail::expand_raw(b, y2_shape);  // always a new buffer: [rows, out] is never b's shape [out]
+    y2 = detail::expand_raw(b, s.y2);  // always a new buffer: [rows, out] is never b's shape [out]
   } else {
-    y2 = AnyTensor::empty(y2_shape, x.dtype(), x.device(), "linear");
+    y2 = AnyTensor::empty(s.y2, x.dtype(), x.device(), "linear");
   }
   if (y2.numel() > 0) {
-    if (in == 0) {
+    if (s.in == 0) {
       if (!b.defined()) y2.backend().fill(y2.dtype(), y2.data_ptr(), y2.numel(), 0.0);
     } else {
       detail::gemm_into(x2, w, false, true, y2, b.defined() ? 1.0 : 0.0);
     }
   }
-  AnyTensor y = y2.reshape(Shape(out_shape));
+  AnyTensor y = y2.reshape(s.y);
   if (autograd::any_requires_grad({x, w, b})) {
     const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
     AnyTensor sx = x2.detach(), sw = w.detach();
-    const Shape x_shape = x.shape();
-    autograd::record("linear", {x, w, b}, {y}, [sx, sw, gx, gw, gb, x_shape, rows, out](const std::vector<AnyTensor>& g) {
-      return detail::linear_backward(g[0].reshape(Shape{rows, out}), sx, sw, gx, gw, gb, x_shape);
-    });
+    const Shape x_shape = x.shape(), y2_shape = s.y2;
+    autograd::record("linear", {x, w, b}, {y},
+                     [sx, sw, gx, gw, gb, x_shape, y2_shape](const std::vector<AnyTensor>& g) {
+                       return detail::linear_backward(g[0].reshape(y2_shape), sx, sw, gx, gw, gb, x_shape);
+                     });
   }
   return y;
 }
@@ -246,26 +250,22 @@ inline AnyTensor linear_act(const AnyTensor& x, const AnyTensor& w, const AnyTen
   detail::OpScope op_scope(name, x, w, b);
   detail::check_linear_args(name, x, w, b);
   if (act == LinearActivation::None) return linear(x, w, b);
-  const int64_t in = w.shape()[1], out = w.shape()[0];
-  const int64_t rows = detail::linear_rows(x);
-  std::vector<int64_t> out_shape = x.shape().vec();
-  out_shape.back() = out;
-  const Shape y2_shape{rows, out};
-  AnyTensor x2 = x.reshape(Shape{rows, in});
+  const detail::LinearShapes s(x, w);
+  AnyTensor x2 = x.reshape(s.x2);
   const bool keep_z = linear_act_needs_z(act);
-  AnyTensor y2 = AnyTensor::empty(y2_shape, x.dtype(), x.device(), name);
-  AnyTensor z2 = keep_z ? AnyTensor::empty(y2_shape, x.dtype(), x.device(), name) : AnyTensor();
+  AnyTensor y2 = AnyTensor::empty(s.y2, x.dtype(), x.device(), name);
+  AnyTensor z2 = keep_z ? AnyTensor::empty(s.y2, x.dtype(), x.device(), name) : AnyTensor();
   if (y2.numel() > 0) {
     LinearActArgs a;
     a.dtype = x.dtype();
-    a.rows = rows;
-    a.in = in;
-    a.out = out;
+    a.rows = s.rows;
+    a.in = s.in;
+    a.out = s.out;
     a.act = act;
     y2.backend().linear_act_forward(a, x2.data_ptr(), w.data_ptr(), b.defined() ? b.data_ptr() : nullptr,
                                     keep_z ? z2.data_ptr() : nullptr, y2.data_ptr());
   }
-  AnyTensor y = y2.reshape(Shape(out_shape));
+  AnyTensor y = y2.reshape(s.y);
   if (autograd::any_requires_grad({x, w, b})) {
     const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
     AnyTensor sx = x2.detach(), sw = w.detach();
@@ -274,10 +274,10 @@ inline AnyTensor linear_act(const AnyTensor& x, const AnyTensor& w, const AnyTen
     const UnaryOp uop = act == LinearActivation::Relu ? UnaryOp::Relu
                         : act == LinearActivation::Gelu ? UnaryOp::Gelu
                                                         : UnaryOp::GeluTanh;
-    const Shape x_shape = x.shape();
+    const Shape x_shape = x.shape(), y2_shape = s.y2;
     autograd::record(name, {x, w, b}, {y},
-                     [sx, sw, saved, uop, gx, gw, gb, x_shape, rows, out](const std::vector<AnyTensor>& g) {
-                       const AnyTensor gy = g[0].reshape(Shape{rows, out});
+                     [sx, sw, saved, uop, gx, gw, gb, x_shape, y2_shape](const std::vector<AnyTensor>& g) {
+                       const AnyTensor gy = g[0].reshape(y2_shape);
                        AnyTensor gz = AnyTensor::empty(gy.shape(), gy.dtype(), gy.device());
                        if (gz.numel() > 0)
                          gz.backend().unary_backward(uop, gz.dtype(), saved.data_ptr(), nullptr, gy.data_ptr(),

@@ -104,16 +104,6 @@ inline AnyTensor flatten(const AnyTensor& x, int start = 0, int end = -1) {
   return x.reshape(Shape(s));
 }
 
-namespace detail {
-// Views a tensor as [outer, size(d) * inner] rows for block copies along dimension d.
-inline void outer_inner(const Shape& s, int d, int64_t& outer, int64_t& inner) {
-  outer = 1;
-  inner = 1;
-  for (int i = 0; i < d; ++i) outer *= s[i];
-  for (int i = d + 1; i < s.dim(); ++i) inner *= s[i];
-}
-}  // namespace detail
-
 inline std::vector<AnyTensor> split(const AnyTensor& x, const std::vector<int64_t>& sizes, int dim = 0);
 
 inline AnyTensor concat(const std::vector<AnyTensor>& xs, int dim = 0) {

@@ -112,6 +112,15 @@ class QuantLayerBase : public nn::ModuleBase<Derived> {
            (opt_.quantize_outputs ? ", outputs quantized" : "");
   }
 
+  // Float: the layer as it was. Otherwise Derived's quantized_forward (the layer's computation
+  // with weight_as and bias_as) on the input as the mode makes it, then the output as the mode
+  // makes it.
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    if (mode_ == QuantMode::Float) return (*layer_)(x);
+    return finish_output(static_cast<Derived&>(*this).quantized_forward(prepare_input(x)));
+  }
+
   AnyTensor input_amax, output_amax;  // output_amax: with quantize_outputs only
 
  protected:
@@ -141,6 +150,10 @@ class QuantLayerBase : public nn::ModuleBase<Derived> {
     const Tensor<T> w = nn::param_as<T>(layer_->weight);
     return mode_ == QuantMode::FakeQuant ? fake_quantize_per_channel(w, weight_scales()) : w;
   }
+  template <Element T>
+  Tensor<T> bias_as() const {
+    return layer_->bias.defined() ? nn::param_as<T>(layer_->bias) : Tensor<T>();
+  }
 
   std::shared_ptr<Layer> layer_;
   QuantOptions opt_;
@@ -154,14 +167,15 @@ class QuantLinear : public detail::QuantLayerBase<QuantLinear, nn::Linear> {
  public:
   explicit QuantLinear(std::shared_ptr<nn::Linear> layer, QuantOptions o = {}) : QuantLayerBase(std::move(layer), o) {}
   std::string type_name() const override { return "QuantLinear"; }
+
+ private:
+  friend QuantLayerBase;
   template <Element T>
-  Tensor<T> forward(const Tensor<T>& x) {
-    if (mode_ == QuantMode::Float) return (*layer_)(x);
-    const Tensor<T> xq = prepare_input(x);
-    const Tensor<T> b = layer_->bias.defined() ? nn::param_as<T>(layer_->bias) : Tensor<T>();
+  Tensor<T> quantized_forward(const Tensor<T>& xq) {
+    const Tensor<T> b = bias_as<T>();
     const LinearActivation act = layer_->activation();
     const Tensor<T> w = weight_as<T>();
-    return finish_output(act == LinearActivation::None ? linear(xq, w, b) : linear_act(xq, w, b, act));
+    return act == LinearActivation::None ? linear(xq, w, b) : linear_act(xq, w, b, act);
   }
 };
 
@@ -169,14 +183,14 @@ class QuantConv2d : public detail::QuantLayerBase<QuantConv2d, nn::Conv2d> {
  public:
   explicit QuantConv2d(std::shared_ptr<nn::Conv2d> layer, QuantOptions o = {}) : QuantLayerBase(std::move(layer), o) {}
   std::string type_name() const override { return "QuantConv2d"; }
+
+ private:
+  friend QuantLayerBase;
   template <Element T>
-  Tensor<T> forward(const Tensor<T>& x) {
-    if (mode_ == QuantMode::Float) return (*layer_)(x);
-    const Tensor<T> xq = prepare_input(x);
+  Tensor<T> quantized_forward(const Tensor<T>& xq) {
     const nn::Conv2dOptions& o = layer_->options();
-    const AnyTensor b = layer_->bias.defined() ? AnyTensor(nn::param_as<T>(layer_->bias)) : AnyTensor();
-    return finish_output(
-        Tensor<T>(op::conv2d(xq, weight_as<T>(), b, op::Conv2dOptions{o.stride, o.padding, o.dilation, o.groups})));
+    const AnyTensor b = bias_as<T>();
+    return Tensor<T>(op::conv2d(xq, weight_as<T>(), b, op::Conv2dOptions{o.stride, o.padding, o.dilation, o.groups}));
   }
 };
 

@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ember/backend/memory_counters.hpp"
 #include "ember/core/backend.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -68,17 +69,14 @@ class HostAllocator {
     if (bytes > static_cast<size_t>(INT64_MAX) - 63)
       throw OutOfMemory(::ember::detail::str_cat("out of memory on cpu: tried to allocate ", bytes,
                                                  " bytes, more than any machine has"),
-                        -1, current_.load(), limit_.load());
+                        -1, counters_.current(), counters_.limit());
     const int64_t b = static_cast<int64_t>(bytes);
-    int64_t limit = limit_.load();
-    int64_t now = current_.fetch_add(b) + b;
-    if (limit >= 0 && now > limit) {
-      current_.fetch_sub(b);
-      throw OutOfMemory(::ember::detail::str_cat("out of memory on cpu: tried to allocate ", bytes, " bytes with ",
-                                        now - b, " bytes in use and a limit of ", limit,
-                                        " bytes (set by set_memory_limit)"),
-                        b, now - b, limit);
-    }
+    const auto [now, limit] = counters_.reserve(b, [&](int64_t in_use, int64_t lim) {
+      return OutOfMemory(::ember::detail::str_cat("out of memory on cpu: tried to allocate ", bytes, " bytes with ",
+                                                  in_use, " bytes in use and a limit of ", lim,
+                                                  " bytes (set by set_memory_limit)"),
+                         b, in_use, lim);
+    });
     const size_t size = block_size(bytes);
     void* p = size >= kCacheMinBytes ? take_cached(size) : nullptr;
     if (!p) p = std::aligned_alloc(64, size);
@@ -87,19 +85,16 @@ class HostAllocator {
       p = std::aligned_alloc(64, size);
     }
     if (!p) {
-      current_.fetch_sub(b);
+      counters_.release(b);
       throw OutOfMemory(::ember::detail::str_cat("out of memory on cpu: allocating ", bytes, " bytes failed with ",
                                         now - b, " bytes in use"),
                         b, now - b, limit);
     }
-    num_allocations_.fetch_add(1);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
+    counters_.allocated(now);
     return p;
   }
   void deallocate(void* p, size_t bytes) noexcept {
-    current_.fetch_sub(static_cast<int64_t>(bytes));
+    counters_.release(static_cast<int64_t>(bytes));
     if (!p) return;
     const size_t size = block_size(bytes);
     if (size < kCacheMinBytes || !keep_cached(p, size)) std::free(p);
@@ -123,16 +118,12 @@ class HostAllocator {
   }
 
   MemoryStats stats() const {
-    MemoryStats s;
-    s.current_bytes = current_.load();
-    s.peak_bytes = peak_.load();
-    s.num_allocations = num_allocations_.load();
-    s.limit_bytes = limit_.load();
+    MemoryStats s = counters_.stats();
     s.cached_bytes = cached_.load();
     return s;
   }
-  void reset_peak() { peak_.store(current_.load()); }
-  void set_limit(int64_t bytes) { limit_.store(bytes); }
+  void reset_peak() { counters_.reset_peak(); }
+  void set_limit(int64_t bytes) { counters_.set_limit(bytes); }
 
  private:
   void* take_cached(size_t size) {
@@ -158,7 +149,7 @@ class HostAllocator {
     return true;
   }
 
-  std::atomic<int64_t> current_{0}, peak_{0}, num_allocations_{0}, limit_{-1};
+  ::ember::detail::MemoryCounters counters_;
   std::atomic<int64_t> cached_{0}, cache_limit_{kDefaultCacheLimit};
   std::mutex mu_;  // guards bins_
   std::unordered_map<size_t, std::vector<void*>> bins_;

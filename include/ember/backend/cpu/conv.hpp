@@ -86,30 +86,10 @@ void col2im(const T* cols, T* x, int64_t c, int64_t h, int64_t w, const Conv2dAr
   col2im(cols, x, c, h, w, a, a.out_h * a.out_w);
 }
 
-template <class T>
-struct ConvGeometry {
-  int64_t cin_g, cout_g, K, L;
-  explicit ConvGeometry(const Conv2dArgs& a)
-      : cin_g(a.c_in / a.groups), cout_g(a.c_out / a.groups), K(a.c_in / a.groups * a.kh * a.kw), L(a.out_h * a.out_w) {}
-};
-
 inline GemmArgs gemm_args(DType t, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                           const void* b, int64_t ldb, void* c, int64_t ldc, double beta) {
-  GemmArgs g;
-  g.dtype = t;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.lda = lda;
-  g.b = b;
-  g.ldb = ldb;
-  g.c = c;
-  g.ldc = ldc;
-  g.beta = beta;
-  return g;
+  return GemmArgs{.dtype = t, .trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a, .lda = lda, .b = b,
+                  .ldb = ldb, .c = c, .ldc = ldc, .beta = beta};
 }
 
 // Images are processed in chunks: the im2col columns of a chunk sit side by side, so each group
@@ -125,95 +105,113 @@ int64_t conv_chunk(const Conv2dArgs& a, int64_t K, int64_t L) {
   return std::max<int64_t>(1, std::min(a.n, kConvChunkBytes / per_image));
 }
 
-// cols [K, nb*L] for images [n0, n0+nb) of group gr: image b's columns at offset b*L.
+// A convolution's sizes per group, its chunks of images, and a chunk's two work buffers: the
+// im2col columns [K, nb*L] and the rows of y or gy [cout_g, nb*L] (row co holds image b's output
+// channel co at offset b*L).
 template <class T>
-void im2col_chunk(const Conv2dArgs& a, const T* x, int64_t n0, int64_t nb, int64_t gr, const ConvGeometry<T>& g,
-                  std::vector<T>& cols) {
-  parallel_for(0, nb, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b)
-      im2col(x + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, cols.data() + b * g.L, g.cin_g, a.h, a.w, a,
-             nb * g.L);
-  });
-}
+struct ConvChunks {
+  const Conv2dArgs& a;
+  int64_t cin_g, cout_g, K, L, chunk;
+  std::vector<T> cols, rows;
+
+  explicit ConvChunks(const Conv2dArgs& args)
+      : a(args),
+        cin_g(a.c_in / a.groups),
+        cout_g(a.c_out / a.groups),
+        K(a.c_in / a.groups * a.kh * a.kw),
+        L(a.out_h * a.out_w),
+        chunk(conv_chunk<T>(a, K, L)),
+        cols(static_cast<size_t>(K * L * chunk)),
+        rows(static_cast<size_t>(cout_g * L * chunk)) {}
+
+  // f(n0, nb, gr) for the images [n0, n0 + nb) of each chunk and each group gr, in that order.
+  template <class F>
+  void for_each(F&& f) {
+    for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
+      const int64_t nb = std::min(chunk, a.n - n0);
+      for (int64_t gr = 0; gr < a.groups; ++gr) f(n0, nb, gr);
+    }
+  }
+
+  // Where image n's input channels of group gr start in x (or gx), and its output channel co of
+  // group gr in y (or gy).
+  int64_t x_offset(int64_t n, int64_t gr) const { return (n * a.c_in + gr * cin_g) * a.h * a.w; }
+  int64_t y_offset(int64_t n, int64_t gr, int64_t co) const { return (n * a.c_out + gr * cout_g + co) * L; }
+
+  // For images [n0, n0 + nb) of group gr: cols = im2col(x), and its adjoint gx += col2im(cols).
+  void im2col_chunk(const T* x, int64_t n0, int64_t nb, int64_t gr) {
+    parallel_for(0, nb, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b)
+        im2col(x + x_offset(n0 + b, gr), cols.data() + b * L, cin_g, a.h, a.w, a, nb * L);
+    });
+  }
+  void col2im_chunk(T* gx, int64_t n0, int64_t nb, int64_t gr) const {
+    parallel_for(0, nb, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b)
+        col2im(cols.data() + b * L, gx + x_offset(n0 + b, gr), cin_g, a.h, a.w, a, nb * L);
+    });
+  }
+
+  // For images [n0, n0 + nb) of group gr: rows = their gy, or their y = rows.
+  void gather_rows(const T* gy, int64_t n0, int64_t nb, int64_t gr) {
+    for_each_row(n0, nb, gr, [&](T* row, int64_t at) { std::copy(gy + at, gy + at + L, row); });
+  }
+  void scatter_rows(T* y, int64_t n0, int64_t nb, int64_t gr) {
+    for_each_row(n0, nb, gr, [&](T* row, int64_t at) { std::copy(row, row + L, y + at); });
+  }
+
+ private:
+  // f(row of `rows`, its offset in y's layout) for each image and output channel, in parallel.
+  template <class F>
+  void for_each_row(int64_t n0, int64_t nb, int64_t gr, F&& f) {
+    parallel_for(0, nb * cout_g, row_grain(L), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t b = r / cout_g, co = r % cout_g;
+        f(rows.data() + co * nb * L + b * L, y_offset(n0 + b, gr, co));
+      }
+    });
+  }
+};
 
 // y[n, co, oy, ox] = sum_{ci, i, j} w[co, ci, i, j] x[n, g*cin_g + ci, ...] (no bias).
 template <class T>
 void im2col_conv2d_forward(const Conv2dArgs& a, const T* x, const T* w, T* y) {
-  ConvGeometry<T> g(a);
-  const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), out(static_cast<size_t>(g.cout_g * g.L * chunk));
-  for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
-    const int64_t nb = std::min(chunk, a.n - n0);
-    for (int64_t gr = 0; gr < a.groups; ++gr) {
-      im2col_chunk(a, x, n0, nb, gr, g, cols);
-      // out [cout_g, nb*L] = W_g [cout_g, K] @ cols [K, nb*L]
-      T* dst = out.data();
-      if (nb == 1) dst = y + (n0 * a.c_out + gr * g.cout_g) * g.L;  // one image: already y's layout
-      gemm(gemm_args(a.dtype, false, false, g.cout_g, nb * g.L, g.K, w + gr * g.cout_g * g.K, g.K, cols.data(),
-                     nb * g.L, dst, nb * g.L, 0.0));
-      if (dst != out.data()) continue;
-      parallel_for(0, nb * g.cout_g, row_grain(g.L), [&](int64_t lo, int64_t hi) {
-        for (int64_t r = lo; r < hi; ++r) {
-          const int64_t b = r / g.cout_g, co = r % g.cout_g;
-          std::copy(out.begin() + co * nb * g.L + b * g.L, out.begin() + co * nb * g.L + (b + 1) * g.L,
-                    y + ((n0 + b) * a.c_out + gr * g.cout_g + co) * g.L);
-        }
-      });
-    }
-  }
-}
-
-// gy of images [n0, n0+nb), group gr, gathered as [cout_g, nb*L].
-template <class T>
-void gather_gy(const Conv2dArgs& a, const T* gy, int64_t n0, int64_t nb, int64_t gr, const ConvGeometry<T>& g,
-               std::vector<T>& out) {
-  parallel_for(0, nb * g.cout_g, row_grain(g.L), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      const int64_t b = r / g.cout_g, co = r % g.cout_g;
-      const T* src = gy + ((n0 + b) * a.c_out + gr * g.cout_g + co) * g.L;
-      std::copy(src, src + g.L, out.begin() + co * nb * g.L + b * g.L);
-    }
+  ConvChunks<T> c(a);
+  c.for_each([&](int64_t n0, int64_t nb, int64_t gr) {
+    c.im2col_chunk(x, n0, nb, gr);
+    // rows [cout_g, nb*L] = W_g [cout_g, K] @ cols [K, nb*L]
+    T* dst = c.rows.data();
+    if (nb == 1) dst = y + c.y_offset(n0, gr, 0);  // one image: already y's layout
+    gemm(gemm_args(a.dtype, false, false, c.cout_g, nb * c.L, c.K, w + gr * c.cout_g * c.K, c.K, c.cols.data(),
+                   nb * c.L, dst, nb * c.L, 0.0));
+    if (dst == c.rows.data()) c.scatter_rows(y, n0, nb, gr);
   });
 }
 
 template <class T>
 void im2col_conv2d_backward_input(const Conv2dArgs& a, const T* gy, const T* w, T* gx) {
-  ConvGeometry<T> g(a);
-  const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk));
+  ConvChunks<T> c(a);
   fill(gx, a.n * a.c_in * a.h * a.w, 0.0);
-  for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
-    const int64_t nb = std::min(chunk, a.n - n0);
-    for (int64_t gr = 0; gr < a.groups; ++gr) {
-      gather_gy(a, gy, n0, nb, gr, g, gyc);
-      // cols [K, nb*L] = W_g^T [K, cout_g] @ gy_g [cout_g, nb*L]
-      gemm(gemm_args(a.dtype, true, false, g.K, nb * g.L, g.cout_g, w + gr * g.cout_g * g.K, g.K, gyc.data(),
-                     nb * g.L, cols.data(), nb * g.L, 0.0));
-      parallel_for(0, nb, 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t b = lo; b < hi; ++b)
-          col2im(cols.data() + b * g.L, gx + ((n0 + b) * a.c_in + gr * g.cin_g) * a.h * a.w, g.cin_g, a.h, a.w, a,
-                 nb * g.L);
-      });
-    }
-  }
+  c.for_each([&](int64_t n0, int64_t nb, int64_t gr) {
+    c.gather_rows(gy, n0, nb, gr);
+    // cols [K, nb*L] = W_g^T [K, cout_g] @ gy_g [cout_g, nb*L]
+    gemm(gemm_args(a.dtype, true, false, c.K, nb * c.L, c.cout_g, w + gr * c.cout_g * c.K, c.K, c.rows.data(), nb * c.L,
+                   c.cols.data(), nb * c.L, 0.0));
+    c.col2im_chunk(gx, n0, nb, gr);
+  });
 }
 
 template <class T>
 void im2col_conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy, T* gw) {
-  ConvGeometry<T> g(a);
-  const int64_t chunk = conv_chunk<T>(a, g.K, g.L);
-  std::vector<T> cols(static_cast<size_t>(g.K * g.L * chunk)), gyc(static_cast<size_t>(g.cout_g * g.L * chunk));
-  if (a.n == 0) fill(gw, a.c_out * g.K, 0.0);
-  for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
-    const int64_t nb = std::min(chunk, a.n - n0);
-    for (int64_t gr = 0; gr < a.groups; ++gr) {
-      im2col_chunk(a, x, n0, nb, gr, g, cols);
-      gather_gy(a, gy, n0, nb, gr, g, gyc);
-      // gW_g [cout_g, K] (+)= gy_g [cout_g, nb*L] @ cols^T [nb*L, K]
-      gemm(gemm_args(a.dtype, false, true, g.cout_g, g.K, nb * g.L, gyc.data(), nb * g.L, cols.data(), nb * g.L,
-                     gw + gr * g.cout_g * g.K, g.K, n0 == 0 ? 0.0 : 1.0));
-    }
-  }
+  ConvChunks<T> c(a);
+  if (a.n == 0) fill(gw, a.c_out * c.K, 0.0);
+  c.for_each([&](int64_t n0, int64_t nb, int64_t gr) {
+    c.im2col_chunk(x, n0, nb, gr);
+    c.gather_rows(gy, n0, nb, gr);
+    // gW_g [cout_g, K] (+)= gy_g [cout_g, nb*L] @ cols^T [nb*L, K]
+    gemm(gemm_args(a.dtype, false, true, c.cout_g, c.K, nb * c.L, c.rows.data(), nb * c.L, c.cols.data(), nb * c.L,
+                   gw + gr * c.cout_g * c.K, c.K, n0 == 0 ? 0.0 : 1.0));
+  });
 }
 
 // The kernel-table entries. Chosen by measurement on the CNN shapes of issue 13 (one interleaved

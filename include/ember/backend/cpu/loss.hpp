@@ -15,18 +15,23 @@
 
 namespace ember::cpu {
 
+// W = sum_c w[c], accumulated in double; C without class weights.
+template <class T>
+calc_t<T> class_weight_sum(const T* w, int64_t n) {
+  using C = calc_t<T>;
+  if (!w) return static_cast<C>(static_cast<double>(n));
+  double s = 0;
+  for (int64_t c = 0; c < n; ++c) s += static_cast<double>(static_cast<C>(w[c]));
+  return static_cast<C>(s);
+}
+
 template <class T>
 void cross_entropy_forward(const CrossEntropyArgs& a, const T* x, const int64_t* target, const T* w, T* loss,
                            norm_stat_t<T>* lse_out, T* wt) {
   using C = calc_t<T>;
   const int64_t n = a.classes;
   const C eps = static_cast<C>(a.label_smoothing);
-  double wsum_d = static_cast<double>(n);
-  if (w) {
-    wsum_d = 0;
-    for (int64_t c = 0; c < n; ++c) wsum_d += static_cast<double>(static_cast<C>(w[c]));
-  }
-  const C wsum = static_cast<C>(wsum_d);
+  const C wsum = class_weight_sum(w, n);
   parallel_for(0, a.rows, std::max<int64_t>(1, kGrainTranscendental / std::max<int64_t>(n, 1)),
                [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
@@ -74,12 +79,7 @@ void cross_entropy_backward(const CrossEntropyArgs& a, const T* x, const int64_t
   using C = calc_t<T>;
   const int64_t n = a.classes;
   const C eps = static_cast<C>(a.label_smoothing);
-  double wsum_d = static_cast<double>(n);
-  if (w) {
-    wsum_d = 0;
-    for (int64_t c = 0; c < n; ++c) wsum_d += static_cast<double>(static_cast<C>(w[c]));
-  }
-  const C wsum = static_cast<C>(wsum_d), es = eps / static_cast<C>(n);
+  const C wsum = class_weight_sum(w, n), es = eps / static_cast<C>(n);
   parallel_for(0, a.rows, std::max<int64_t>(1, kGrainTranscendental / std::max<int64_t>(n, 1)),
                [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {

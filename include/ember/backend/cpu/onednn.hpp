@@ -342,6 +342,26 @@ inline void run(Prepared& p, int arg0, Operand& in0, const void* ptr0, int arg1,
   run_or_throw(dnnl_stream_wait(stream.s), "stream wait");
 }
 
+// Runs problem `a` in direction `dir` on the operands in the order the public functions take
+// them; false, computing nothing, when oneDNN does not take the problem.
+inline bool run_if_taken(const Conv2dArgs& a, ConvDirection dir, Layouts l, const float* in0, const float* in1,
+                         float* out) {
+  Prepared& p = cached(a, dir, l);
+  if (!p.ok) return false;
+  switch (dir) {
+    case ConvDirection::Forward:  // x, w -> y
+      run(p, DNNL_ARG_SRC, p.src, in0, DNNL_ARG_WEIGHTS, p.weights, in1, DNNL_ARG_DST, p.dst, out);
+      break;
+    case ConvDirection::BackwardInput:  // gy, w -> gx
+      run(p, DNNL_ARG_DIFF_DST, p.dst, in0, DNNL_ARG_WEIGHTS, p.weights, in1, DNNL_ARG_DIFF_SRC, p.src, out);
+      break;
+    case ConvDirection::BackwardWeight:  // x, gy -> gw
+      run(p, DNNL_ARG_SRC, p.src, in0, DNNL_ARG_DIFF_DST, p.dst, in1, DNNL_ARG_DIFF_WEIGHTS, p.weights, out);
+      break;
+  }
+  return true;
+}
+
 }  // namespace detail
 
 // The name of the implementation oneDNN picked for a problem ("jit:avx512_core", "gemm:jit", ...),
@@ -357,45 +377,32 @@ inline std::string implementation(const Conv2dArgs& a, ConvDirection dir, Layout
   return s;
 }
 
-// y = conv(x, w) (no bias), dx = conv^T(dy, w), dw = sum over the batch (all three overwrite).
-// Each returns false, computing nothing, when oneDNN does not take the problem.
-inline bool conv2d_forward(const Conv2dArgs& a, const float* x, const float* w, float* y,
-                           Layouts l = Layouts::Blocked) {
-  detail::Prepared& p = detail::cached(a, ConvDirection::Forward, l);
-  if (!p.ok) return false;
-  detail::run(p, DNNL_ARG_SRC, p.src, x, DNNL_ARG_WEIGHTS, p.weights, w, DNNL_ARG_DST, p.dst, y);
-  return true;
-}
-
-inline bool conv2d_backward_input(const Conv2dArgs& a, const float* gy, const float* w, float* gx,
-                                  Layouts l = Layouts::Blocked) {
-  detail::Prepared& p = detail::cached(a, ConvDirection::BackwardInput, l);
-  if (!p.ok) return false;
-  detail::run(p, DNNL_ARG_DIFF_DST, p.dst, gy, DNNL_ARG_WEIGHTS, p.weights, w, DNNL_ARG_DIFF_SRC, p.src, gx);
-  return true;
-}
-
-inline bool conv2d_backward_weight(const Conv2dArgs& a, const float* x, const float* gy, float* gw,
-                                   Layouts l = Layouts::Blocked) {
-  detail::Prepared& p = detail::cached(a, ConvDirection::BackwardWeight, l);
-  if (!p.ok) return false;
-  detail::run(p, DNNL_ARG_SRC, p.src, x, DNNL_ARG_DIFF_DST, p.dst, gy, DNNL_ARG_DIFF_WEIGHTS, p.weights, gw);
-  return true;
-}
-
 #else
 
 inline constexpr bool available() { return false; }
-inline bool conv2d_forward(const Conv2dArgs&, const float*, const float*, float*, Layouts = Layouts::Blocked) {
+
+namespace detail {
+inline bool run_if_taken(const Conv2dArgs&, ConvDirection, Layouts, const float*, const float*, float*) {
   return false;
 }
-inline bool conv2d_backward_input(const Conv2dArgs&, const float*, const float*, float*, Layouts = Layouts::Blocked) {
-  return false;
-}
-inline bool conv2d_backward_weight(const Conv2dArgs&, const float*, const float*, float*, Layouts = Layouts::Blocked) {
-  return false;
-}
+}  // namespace detail
 
 #endif
+
+// y = conv(x, w) (no bias), dx = conv^T(dy, w), dw = sum over the batch (all three overwrite).
+// Each returns false, computing nothing, when oneDNN does not take the problem (or the build has
+// no oneDNN).
+inline bool conv2d_forward(const Conv2dArgs& a, const float* x, const float* w, float* y,
+                           Layouts l = Layouts::Blocked) {
+  return detail::run_if_taken(a, ConvDirection::Forward, l, x, w, y);
+}
+inline bool conv2d_backward_input(const Conv2dArgs& a, const float* gy, const float* w, float* gx,
+                                  Layouts l = Layouts::Blocked) {
+  return detail::run_if_taken(a, ConvDirection::BackwardInput, l, gy, w, gx);
+}
+inline bool conv2d_backward_weight(const Conv2dArgs& a, const float* x, const float* gy, float* gw,
+                                   Layouts l = Layouts::Blocked) {
+  return detail::run_if_taken(a, ConvDirection::BackwardWeight, l, x, gy, gw);
+}
 
 }  // namespace ember::cpu::onednn

@@ -30,6 +30,44 @@ inline calc_t<G> step_grad(G* grad, int64_t i, bool unscale, calc_t<G> u) {
   return static_cast<calc_t<G>>(v);
 }
 
+// The gradient an update uses, in the state type S (torch's order): element i through step_grad,
+// negated when the step maximizes, plus the L2 weight decay l2 * p when l2 != 0.
+template <class S, class G>
+struct StepGrad {
+  G* grad;
+  bool unscale, maximize;
+  calc_t<G> u;
+  double l2;
+  S l2_s;
+  StepGrad(G* g, double grad_unscale, bool maximize_, double l2_weight_decay)
+      : grad(g),
+        unscale(grad_unscale != 1.0),
+        maximize(maximize_),
+        u(static_cast<calc_t<G>>(grad_unscale)),
+        l2(l2_weight_decay),
+        l2_s(static_cast<S>(l2_weight_decay)) {}
+  S operator()(int64_t i, S p) const {
+    S g = static_cast<S>(step_grad(grad, i, unscale, u));
+    if (maximize) g = -g;
+    if (l2 != 0.0) g = g + p * l2_s;
+    return g;
+  }
+};
+
+// torch's two-branch lerp(m, g, w) = m + w (g - m) of a running mean (Adam's first moment,
+// RMSprop's centered mean): m + w (g - m) when |w| < 0.5, else g - (1 - w)(g - m), the weight
+// rounded to S.
+template <class S>
+struct Lerp {
+  bool low;
+  S w;
+  explicit Lerp(double weight) : low(std::abs(weight) < 0.5), w(static_cast<S>(low ? weight : 1.0 - weight)) {}
+  S operator()(S m, S g) const {
+    const S d = g - m;
+    return low ? m + d * w : g - d * w;
+  }
+};
+
 #if defined(__GNUC__) && defined(__SSE2__) && !defined(__CUDACC__)
 #define EMBER_ADAM_F32_LANES 1
 namespace detail {
@@ -89,39 +127,27 @@ inline int64_t adam_step_f32_lanes(const AdamF32Consts& c, float* param, float* 
 // P: the parameter's element type, G: the gradient's, S: the state's (float or double).
 template <class P, class G, class S>
 void adam_step(const AdamStepArgs& a, P* param, G* grad, S* exp_avg, S* exp_avg_sq, S* max_exp_avg_sq) {
-  const S decay = static_cast<S>(1.0 - a.lr * a.weight_decay);
-  const S wd = static_cast<S>(a.weight_decay);
-  const double w = 1.0 - a.beta1;  // lerp(exp_avg, g, w)
-  const bool lerp_low = std::abs(w) < 0.5;
-  const S w_s = static_cast<S>(lerp_low ? w : 1.0 - w);
+  const S decay = static_cast<S>(1.0 - a.lr * a.weight_decay);  // decoupled (AdamW)
+  const Lerp<S> lerp(1.0 - a.beta1);                            // lerp(exp_avg, g, 1 - beta1)
   const S beta2 = static_cast<S>(a.beta2), one_minus_beta2 = static_cast<S>(1.0 - a.beta2);
   const S inv_bc2 = static_cast<S>(1.0 / a.bias_correction2_sqrt);
   const S eps = static_cast<S>(a.eps);
   const S neg_step = static_cast<S>(-a.step_size);
-  const bool unscale = a.grad_unscale != 1.0;
-  const calc_t<G> u = static_cast<calc_t<G>>(a.grad_unscale);
+  const StepGrad<S, G> grad_at(grad, a.grad_unscale, a.maximize, a.decoupled ? 0.0 : a.weight_decay);
   parallel_for(0, a.n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
 #if defined(EMBER_ADAM_F32_LANES)
     if constexpr (std::is_same_v<P, float> && std::is_same_v<G, float> && std::is_same_v<S, float>) {
-      const detail::AdamF32Consts c{decay,    wd,      w_s,    beta2,       one_minus_beta2,     inv_bc2,
-                                    eps,      neg_step, u,     a.decoupled, a.weight_decay != 0.0, lerp_low,
-                                    unscale,  a.maximize, a.amsgrad};
+      const detail::AdamF32Consts c{decay, static_cast<S>(a.weight_decay), lerp.w, beta2,
+                                    one_minus_beta2, inv_bc2, eps, neg_step, grad_at.u, a.decoupled,
+                                    a.weight_decay != 0.0, lerp.low, grad_at.unscale, a.maximize, a.amsgrad};
       lo = detail::adam_step_f32_lanes(c, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi);
     }
 #endif
     for (int64_t i = lo; i < hi; ++i) {
       S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
-      S g = static_cast<S>(step_grad(grad, i, unscale, u));
-      if (a.maximize) g = -g;
-      if (a.weight_decay != 0.0) {
-        if (a.decoupled)
-          p = p * decay;
-        else
-          g = g + p * wd;
-      }
-      S m = exp_avg[i];
-      const S d = g - m;
-      m = lerp_low ? m + d * w_s : g - d * w_s;
+      const S g = grad_at(i, p);
+      if (a.decoupled && a.weight_decay != 0.0) p = p * decay;
+      const S m = lerp(exp_avg[i], g);
       exp_avg[i] = m;
       S v = exp_avg_sq[i] * beta2 + (g * one_minus_beta2) * g;
       exp_avg_sq[i] = v;
@@ -140,18 +166,15 @@ void adam_step(const AdamStepArgs& a, P* param, G* grad, S* exp_avg, S* exp_avg_
 // SGD with momentum, dampening, Nesterov, L2 weight decay, maximize (optim/sgd.hpp's order).
 template <class P, class G, class S>
 void sgd_step(const SgdStepArgs& a, P* param, G* grad, S* momentum_buffer) {
-  const S wd = static_cast<S>(a.weight_decay), momentum = static_cast<S>(a.momentum);
+  const S momentum = static_cast<S>(a.momentum);
   const S keep = static_cast<S>(1.0 - a.dampening);  // x * 1 is exact: the composite's skip is the same value
   const S neg_lr = static_cast<S>(-a.lr);
   const bool use_momentum = a.momentum != 0.0;
-  const bool unscale = a.grad_unscale != 1.0;
-  const calc_t<G> u = static_cast<calc_t<G>>(a.grad_unscale);
+  const StepGrad<S, G> grad_at(grad, a.grad_unscale, a.maximize, a.weight_decay);
   parallel_for(0, a.n, kGrainElementwise, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
-      S g = static_cast<S>(step_grad(grad, i, unscale, u));
-      if (a.maximize) g = -g;
-      if (a.weight_decay != 0.0) g = g + p * wd;
+      S g = grad_at(i, p);
       if (use_momentum) {
         const S b = a.first_step ? g : momentum_buffer[i] * momentum + g * keep;
         momentum_buffer[i] = b;
@@ -168,28 +191,21 @@ void sgd_step(const SgdStepArgs& a, P* param, G* grad, S* momentum_buffer) {
 template <class P, class G, class S>
 void rmsprop_step(const RmspropStepArgs& a, P* param, G* grad, S* square_avg, S* grad_avg,
                   S* momentum_buffer) {
-  const S wd = static_cast<S>(a.weight_decay), alpha = static_cast<S>(a.alpha);
+  const S alpha = static_cast<S>(a.alpha);
   const S one_minus_alpha = static_cast<S>(1.0 - a.alpha);
-  const double w = 1.0 - a.alpha;  // lerp(grad_avg, g, w)
-  const bool lerp_low = std::abs(w) < 0.5;
-  const S w_s = static_cast<S>(lerp_low ? w : 1.0 - w);
+  const Lerp<S> lerp(1.0 - a.alpha);  // lerp(grad_avg, g, 1 - alpha)
   const S eps = static_cast<S>(a.eps), momentum = static_cast<S>(a.momentum), neg_lr = static_cast<S>(-a.lr);
   const bool use_momentum = a.momentum > 0.0;
-  const bool unscale = a.grad_unscale != 1.0;
-  const calc_t<G> u = static_cast<calc_t<G>>(a.grad_unscale);
+  const StepGrad<S, G> grad_at(grad, a.grad_unscale, a.maximize, a.weight_decay);
   parallel_for(0, a.n, kGrainTranscendental, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       S p = static_cast<S>(static_cast<calc_t<P>>(param[i]));
-      S g = static_cast<S>(step_grad(grad, i, unscale, u));
-      if (a.maximize) g = -g;
-      if (a.weight_decay != 0.0) g = g + p * wd;
+      const S g = grad_at(i, p);
       const S sq = square_avg[i] * alpha + (g * one_minus_alpha) * g;
       square_avg[i] = sq;
       S avg;
       if (a.centered) {
-        S m = grad_avg[i];
-        const S d = g - m;
-        m = lerp_low ? m + d * w_s : g - d * w_s;
+        const S m = lerp(grad_avg[i], g);
         grad_avg[i] = m;
         avg = std::sqrt(sq + (-m) * m);
       } else {

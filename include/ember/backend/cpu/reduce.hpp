@@ -29,6 +29,16 @@ inline C vexp(C x) {
   }
 }
 
+// f(p, k) for each output k = o * inner + i of a reduction of x [outer, n, inner] over n, p
+// pointing at x[o, 0, i] (its n elements lie inner apart); threaded over the outputs.
+template <class T, class F>
+void for_each_output(const T* x, int64_t outer, int64_t n, int64_t inner, F&& f) {
+  parallel_for(0, outer * inner, std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(n, 1)),
+               [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) f(x + (k / inner) * n * inner + k % inner, k);
+  });
+}
+
 }  // namespace detail
 
 // Accumulation type: double for every floating type on the CPU (the reference backend favours
@@ -42,22 +52,17 @@ void reduce(ReduceOp op, const T* x, void* out_raw, int64_t outer, int64_t n, in
   if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
     int64_t* out = static_cast<int64_t*>(out_raw);
     const bool is_max = op == ReduceOp::ArgMax;
-    parallel_for(0, outer * inner, std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(n, 1)),
-                 [&](int64_t lo, int64_t hi) {
-      for (int64_t oi = lo; oi < hi; ++oi) {
-        const int64_t o = oi / inner, i = oi % inner;
-        const T* p = x + o * n * inner + i;
-        int64_t best = 0;
-        C bv = static_cast<C>(p[0]);
-        for (int64_t j = 1; j < n && !math::isnan_(bv); ++j) {
-          C v = static_cast<C>(p[j * inner]);
-          if (math::isnan_(v) || (is_max ? v > bv : v < bv)) {
-            bv = v;
-            best = j;
-          }
+    detail::for_each_output(x, outer, n, inner, [&](const T* p, int64_t k) {
+      int64_t best = 0;
+      C bv = static_cast<C>(p[0]);
+      for (int64_t j = 1; j < n && !math::isnan_(bv); ++j) {
+        C v = static_cast<C>(p[j * inner]);
+        if (math::isnan_(v) || (is_max ? v > bv : v < bv)) {
+          bv = v;
+          best = j;
         }
-        out[o * inner + i] = best;
       }
+      out[k] = best;
     });
     return;
   }
@@ -114,19 +119,14 @@ void reduce(ReduceOp op, const T* x, void* out_raw, int64_t outer, int64_t n, in
     return;
   }
   const bool is_max = op == ReduceOp::Max;
-  parallel_for(0, outer * inner, std::max<int64_t>(1, kGrainElementwise / std::max<int64_t>(n, 1)),
-               [&](int64_t lo, int64_t hi) {
-    for (int64_t oi = lo; oi < hi; ++oi) {
-      const int64_t o = oi / inner, i = oi % inner;
-      const T* p = x + o * n * inner + i;
-      C best = static_cast<C>(p[0]);
-      for (int64_t j = 1; j < n; ++j) {
-        C v = static_cast<C>(p[j * inner]);
-        best = math::binary<C>(is_max ? BinaryOp::Maximum : BinaryOp::Minimum, best, v);
-        if (math::isnan_(v)) best = v;
-      }
-      out[o * inner + i] = from_calc<T>(best);
+  detail::for_each_output(x, outer, n, inner, [&](const T* p, int64_t k) {
+    C best = static_cast<C>(p[0]);
+    for (int64_t j = 1; j < n; ++j) {
+      C v = static_cast<C>(p[j * inner]);
+      best = math::binary<C>(is_max ? BinaryOp::Maximum : BinaryOp::Minimum, best, v);
+      if (math::isnan_(v)) best = v;
     }
+    out[k] = from_calc<T>(best);
   });
 }
 

@@ -15,9 +15,23 @@
 namespace ember::cpu {
 namespace detail {
 
+// exp(r) for fast_expf's reduced argument r (|r| <= ln 2 / 2) by the classic Cephes expf
+// polynomial, on a float or on GCC vector lanes of floats. p holds the first coefficient,
+// 1.9875691500e-4f, as an R on the way in (a vector is not made from a float by conversion), and
+// exp(r) on the way out (vectors are not returned by value: their ABI depends on the target).
+template <class R>
+[[gnu::always_inline]] inline void exp_reduced(const R& r, R& p) {
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+}
+
 // exp for float, branch-free so that the compiler vectorises loops over it: exp(x) = 2^k exp(r),
-// k = round(x / ln 2), r = x - k ln 2 (two-part ln 2), exp(r) by a degree-6 polynomial (the
-// classic Cephes expf coefficients); within 2 ulp of std::exp over the whole range, exactly 0 below
+// k = round(x / ln 2), r = x - k ln 2 (two-part ln 2), exp(r) by a degree-6 polynomial
+// (exp_reduced); within 2 ulp of std::exp over the whole range, exactly 0 below
 // -87.34 and inf above 88.72, NaN for NaN.
 inline float fast_expf(float x) {
   const float xc = x < -87.336544f ? -87.336544f : (x > 88.7228f ? 88.7228f : x);
@@ -26,12 +40,7 @@ inline float fast_expf(float x) {
   const float k = static_cast<float>(ki);
   const float r = (xc - k * 0.693359375f) - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  exp_reduced(r, p);
   // 2^k by building the exponent; k in [-126, 128): split in two factors so that 2^128 (x near
   // 88.72) does not overflow the exponent field.
   const int k1 = ki / 2, k2 = ki - k1;
@@ -95,12 +104,7 @@ template <int kW>
   const V k = __builtin_convertvector(ki, V);
   const V r = (xc - k * 0.693359375f) - k * -2.12194440e-4f;
   V p = zero + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  exp_reduced(r, p);
   const VI k1 = ki / 2, k2 = ki - k1;
   const VI b1 = (k1 + 127) << 23, b2 = (k2 + 127) << 23;
   V s1, s2;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "ember/backend/cuda/runtime.hpp"
+#include "ember/backend/memory_counters.hpp"
 #include "ember/core/backend.hpp"
 
 namespace ember::cuda {
@@ -38,16 +39,13 @@ class DeviceAllocator {
   void* allocate(size_t bytes, cudaStream_t stream) {
     if (bytes == 0) return nullptr;
     const int64_t b = static_cast<int64_t>(bytes);
-    const int64_t limit = limit_.load();
-    const int64_t now = current_.fetch_add(b) + b;
-    if (limit >= 0 && now > limit) {
-      current_.fetch_sub(b);
-      throw OutOfMemory(::ember::detail::str_cat("out of memory on cuda:", device_, ": tried to allocate ",
-                                                 format_bytes(b), " (", b, " bytes) with ", format_bytes(now - b),
-                                                 " (", now - b, " bytes) in use and a limit of ", format_bytes(limit),
-                                                 " (", limit, " bytes, set by set_memory_limit)"),
-                        b, now - b, limit);
-    }
+    const auto [now, limit] = counters_.reserve(b, [&](int64_t in_use, int64_t lim) {
+      return OutOfMemory(::ember::detail::str_cat("out of memory on cuda:", device_, ": tried to allocate ",
+                                                  format_bytes(b), " (", b, " bytes) with ", format_bytes(in_use),
+                                                  " (", in_use, " bytes) in use and a limit of ", format_bytes(lim),
+                                                  " (", lim, " bytes, set by set_memory_limit)"),
+                         b, in_use, lim);
+    });
     void* p = nullptr;
     cudaError_t e;
     {
@@ -63,16 +61,13 @@ class DeviceAllocator {
         if (e == cudaSuccess) e = cudaMallocAsync(&p, bytes, stream);
       }
       if (e != cudaSuccess) {
-        current_.fetch_sub(b);
+        counters_.release(b);
         (void)cudaGetLastError();
         if (e == cudaErrorMemoryAllocation) throw out_of_memory(b, now - b, limit);
         internal::throw_cuda_error(e, "cudaMallocAsync(&p, bytes, stream)", __FILE__, __LINE__);
       }
     }
-    num_allocations_.fetch_add(1);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
+    counters_.allocated(now);
     return p;
   }
 
@@ -86,21 +81,17 @@ class DeviceAllocator {
     (void)cudaFreeAsync(p, stream_);
     if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
     (void)cudaGetLastError();
-    current_.fetch_sub(static_cast<int64_t>(bytes));
+    counters_.release(static_cast<int64_t>(bytes));
   }
 
   MemoryStats stats() const {
-    MemoryStats s;
-    s.current_bytes = current_.load();
-    s.peak_bytes = peak_.load();
-    s.num_allocations = num_allocations_.load();
-    s.limit_bytes = limit_.load();
+    MemoryStats s = counters_.stats();
     const int64_t reserved = reserved_bytes();
     s.cached_bytes = reserved > s.current_bytes ? reserved - s.current_bytes : 0;
     return s;
   }
-  void reset_peak() { peak_.store(current_.load()); }
-  void set_limit(int64_t bytes) { limit_.store(bytes < 0 ? -1 : bytes); }
+  void reset_peak() { counters_.reset_peak(); }
+  void set_limit(int64_t bytes) { counters_.set_limit(bytes < 0 ? -1 : bytes); }
 
   // Bytes the pool holds from the driver (live tensors plus cached free memory).
   int64_t reserved_bytes() const noexcept {
@@ -154,7 +145,7 @@ class DeviceAllocator {
   int device_;
   cudaStream_t stream_;
   cudaMemPool_t pool_ = nullptr;
-  std::atomic<int64_t> current_{0}, peak_{0}, num_allocations_{0}, limit_{-1};
+  ::ember::detail::MemoryCounters counters_;
 };
 
 }  // namespace ember::cuda

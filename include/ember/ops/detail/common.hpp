@@ -83,6 +83,16 @@ inline void check_same_dtype(const char* op, const AnyTensor& a, const AnyTensor
               "; cast one with .to<T>()");
 }
 
+// The two operands of a binary op: both defined (`a_what` and `b_what` name them in the message),
+// on one device, of one dtype.
+inline void check_operands(const char* op, const AnyTensor& a, const AnyTensor& b, const char* a_what = "first input",
+                           const char* b_what = "second input") {
+  check_defined(op, a, a_what);
+  check_defined(op, b, b_what);
+  check_same_device(op, a, b);
+  check_same_dtype(op, a, b);
+}
+
 inline void check_floating(const char* op, const AnyTensor& a) {
   EMBER_CHECK(is_floating(a.dtype()), DTypeError, op, ": needs a floating-point tensor, got ", a.desc());
 }
@@ -141,12 +151,20 @@ inline AnyTensor expand_raw(const AnyTensor& x, const Shape& shape) {
   return out;
 }
 
+// Views a tensor of shape s as [outer, s[d], inner] around dimension d (the kernels' layout for
+// reductions, indexing and block copies along d).
+inline void outer_inner(const Shape& s, int d, int64_t& outer, int64_t& inner) {
+  outer = 1;
+  inner = 1;
+  for (int i = 0; i < d; ++i) outer *= s[i];
+  for (int i = d + 1; i < s.dim(); ++i) inner *= s[i];
+}
+
 // Sum of x over dimension d (kept as size 1). Not recorded.
 inline AnyTensor reduce_dim_raw(ReduceOp op, const AnyTensor& x, int d) {
   const Shape& s = x.shape();
-  int64_t outer = 1, inner = 1;
-  for (int i = 0; i < d; ++i) outer *= s[i];
-  for (int i = d + 1; i < s.dim(); ++i) inner *= s[i];
+  int64_t outer, inner;
+  outer_inner(s, d, outer, inner);
   Shape os = s;
   os[d] = 1;
   const bool arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;

@@ -1,9 +1,9 @@
 #pragma once
 // Fused cross-entropy from logits (core/backend.hpp CrossEntropyArgs) with the CPU's
 // formulas (backend/cpu/loss.hpp): a warp per row for up to kWarpMaxCols classes, else a block
-// per row (softmax.cuh's RowGroup and group_reduce). Forward: row max, sum of exp and (with label
-// smoothing) the weighted sum of logits; backward recomputes p = exp(x - lse). Sums in float
-// (double for fp64).
+// per row (softmax.cuh's RowGroup, group_reduce and group_row_max). Forward: row max, sum of exp
+// and (with label smoothing) the weighted sum of logits; backward recomputes p = exp(x - lse).
+// Sums in float (double for fp64).
 #if defined(__CUDACC__)
 #include <type_traits>
 
@@ -26,13 +26,7 @@ __global__ void cross_entropy_forward_kernel(const T* __restrict__ x, const int6
   const C eps = static_cast<C>(smoothing);
   for (int64_t r = g.first; r < rows; r += g.step) {
     const T* xr = x + r * n;
-    C mx = C(-INFINITY);
-    for (int64_t c = g.lane; c < n; c += g.size) {
-      const C v = to_calc<T>(xr[c]);
-      mx = v > mx ? v : mx;
-    }
-    mx = group_reduce<kBlock>(mx, MaxOp{}, C(-INFINITY), smem);
-    if (mx == C(-INFINITY)) mx = C(0);
+    const C mx = group_row_max(g, xr, n, smem);
     C se = 0, sx = 0, ws = 0;
     for (int64_t c = g.lane; c < n; c += g.size) {
       const C v = to_calc<T>(xr[c]);

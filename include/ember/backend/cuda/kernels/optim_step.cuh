@@ -116,18 +116,6 @@ __global__ void adam_step_kernel(AdamScalars<S> s, int64_t n, P* __restrict__ pa
   }
 }
 
-// The four floating types (the parameter's and the gradient's).
-template <class F>
-void adam_dispatch_floating(DType t, F&& f) {
-  switch (t) {
-    case DType::Float32: f(float{}); return;
-    case DType::Float64: f(double{}); return;
-    case DType::Float16: f(half{}); return;
-    case DType::BFloat16: f(bfloat16{}); return;
-    default: return;  // unreachable: dispatch_optim_step checks the dtypes first
-  }
-}
-
 // SGD (cpu::sgd_step's operations in its order, rounded as there).
 template <class S>
 struct SgdScalars {
@@ -240,9 +228,11 @@ void dispatch_optim_step(const LaunchContext& c, const char* op, DType state, DT
   if (n <= 0) return;
   auto with_state = [&](auto state_tag) {
     using S = decltype(state_tag);
-    adam_dispatch_floating(param, [&](auto param_tag) {
+    // The parameter's and the gradient's floating types (dispatch_floating's error is unreachable:
+    // the dtypes were checked above).
+    dispatch_floating(param, op, device, [&](auto param_tag) {
       using P = decltype(param_tag);
-      adam_dispatch_floating(grad, [&](auto grad_tag) {
+      dispatch_floating(grad, op, device, [&](auto grad_tag) {
         using G = decltype(grad_tag);
         launch.template operator()<P, G, S>();
         EMBER_CUDA_CHECK_LAUNCH();

@@ -26,15 +26,26 @@ __device__ __forceinline__ void covering_outputs(const Pool2dArgs& p, bool rows,
   if (hi > out - 1) hi = out - 1;
 }
 
+// Output element o (flat over [n*c, out_h, out_w]): its plane nc, and the input rows [y0, y1) and
+// columns [x0, x1) its window spans (not yet clipped to the input).
+struct OutputWindow {
+  int64_t nc, y0, y1, x0, x1;
+};
+__device__ __forceinline__ OutputWindow output_window(const Pool2dArgs& p, int64_t o) {
+  const int64_t ox = o % p.out_w, oy = (o / p.out_w) % p.out_h;
+  OutputWindow w;
+  w.nc = o / (p.out_w * p.out_h);
+  pool_math::window(p, true, oy, w.y0, w.y1);
+  pool_math::window(p, false, ox, w.x0, w.x1);
+  return w;
+}
+
 template <class T>
 __global__ void max_pool2d_forward_kernel(Pool2dArgs p, const T* x, T* y, int64_t* indices) {
   using C = calc_t<T>;
   const int64_t total = p.n * p.c * p.out_h * p.out_w;
   EMBER_GRID_STRIDE_LOOP(o, total) {
-    const int64_t ox = o % p.out_w, oy = (o / p.out_w) % p.out_h, nc = o / (p.out_w * p.out_h);
-    int64_t y0, y1, x0, x1;
-    pool_math::window(p, true, oy, y0, y1);
-    pool_math::window(p, false, ox, x0, x1);
+    const auto [nc, y0, y1, x0, x1] = output_window(p, o);
     const T* xp = x + nc * p.h * p.w;
     C best = C(0);
     int64_t arg = -1;
@@ -77,10 +88,7 @@ __global__ void avg_pool2d_forward_kernel(Pool2dArgs p, const T* x, T* y) {
   using Acc = std::conditional_t<std::is_same_v<C, double>, double, float>;
   const int64_t total = p.n * p.c * p.out_h * p.out_w;
   EMBER_GRID_STRIDE_LOOP(o, total) {
-    const int64_t ox = o % p.out_w, oy = (o / p.out_w) % p.out_h, nc = o / (p.out_w * p.out_h);
-    int64_t y0, y1, x0, x1;
-    pool_math::window(p, true, oy, y0, y1);
-    pool_math::window(p, false, ox, x0, x1);
+    const auto [nc, y0, y1, x0, x1] = output_window(p, o);
     const T* xp = x + nc * p.h * p.w;
     Acc s = 0;
     for (int64_t iy = max(y0, int64_t{0}); iy < min(y1, p.h); ++iy)

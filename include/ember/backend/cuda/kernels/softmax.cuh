@@ -67,6 +67,21 @@ struct RowGroup {
   }
 };
 
+// The maximum of row xr [n] over the group (every thread gets it), ignoring NaN; 0 for a row of
+// -inf, so that x - max stays finite. smem as group_reduce's.
+template <bool kBlock, class T>
+__device__ __forceinline__ calc_t<T> group_row_max(const RowGroup<kBlock>& g, const T* xr, int64_t n, calc_t<T>* smem) {
+  using C = calc_t<T>;
+  C mx = C(-INFINITY);
+  for (int64_t c = g.lane; c < n; c += g.size) {
+    const C v = to_calc<T>(xr[c]);
+    mx = v > mx ? v : mx;
+  }
+  mx = group_reduce<kBlock>(mx, MaxOp{}, C(-INFINITY), smem);
+  if (mx == C(-INFINITY)) mx = C(0);
+  return mx;
+}
+
 template <class T, bool kBlock>
 __global__ void softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log) {
   using C = calc_t<T>;
@@ -76,13 +91,7 @@ __global__ void softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64
   for (int64_t r = g.first; r < rows; r += g.step) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    C mx = C(-INFINITY);
-    for (int64_t c = g.lane; c < cols; c += g.size) {
-      const C v = to_calc<T>(xr[c]);
-      mx = v > mx ? v : mx;
-    }
-    mx = group_reduce<kBlock>(mx, MaxOp{}, C(-INFINITY), smem);
-    if (mx == C(-INFINITY)) mx = C(0);
+    const C mx = group_row_max(g, xr, cols, smem);
     C sum = 0;
     for (int64_t c = g.lane; c < cols; c += g.size) sum += math::exp_(to_calc<T>(xr[c]) - mx);
     sum = group_reduce<kBlock>(sum, SumOp{}, C(0), smem);
