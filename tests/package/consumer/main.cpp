@@ -1,7 +1,7 @@
 // The program of ember's package tests (tests/package): a consumer that takes ember in through
-// find_package, add_subdirectory or a plain `g++ -std=c++20 -I<include>`, builds a tensor, runs an
-// op through the kernel table and prints a computed value, which the test checks; it also returns
-// non-zero on a wrong value.
+// find_package, add_subdirectory or a plain `g++ -std=c++20 -I<include>` (header-only, or with the
+// compiled library), builds a tensor, runs an op through the kernel table and prints a computed
+// value and how ember was built, which the test checks; it also returns non-zero on a wrong value.
 #include <ember/ember.hpp>
 
 #include <cstdio>
@@ -24,8 +24,11 @@ int main() {
 #else
   const char* cblas = "no";
 #endif
-  std::printf("ember %s consumer: sum(a @ b) = %g (cblas %s, cuda backend %s)\n", kVersionString, total, cblas,
-              ember::cuda::is_compiled() ? "compiled" : "absent");
+  const BuildInfo build = build_info();
+  std::printf("ember %s consumer: sum(a @ b) = %g (cblas %s, cuda backend %s, %s)\n", kVersionString, total, cblas,
+              ember::cuda::is_compiled() ? "compiled" : "absent",
+              build.compiled_library ? "compiled library" : "header-only");
+  std::printf("%s\n", build.str().c_str());
   if (total != expected) {
     std::fprintf(stderr, "ember consumer: wrong result %g, expected %g\n", total, expected);
     return 1;
