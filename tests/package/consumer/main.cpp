@@ -29,6 +29,23 @@ int main() {
               ember::cuda::is_compiled() ? "compiled" : "absent",
               build.compiled_library ? "compiled library" : "header-only");
   std::printf("%s\n", build.str().c_str());
+  // build_info() agrees with how this file was compiled (all files of a program agree).
+  bool compiled = false, openmp = false, onednn = false;
+#if defined(EMBER_COMPILED_LIB)
+  compiled = true;
+#endif
+#if defined(_OPENMP)
+  openmp = true;
+#endif
+#if defined(EMBER_HAVE_ONEDNN)
+  onednn = true;
+#endif
+  if (build.compiled_library != compiled || build.blas != (cblas[0] == 'y') || build.openmp != openmp ||
+      build.onednn_conv != onednn || build.cuda_compiled != ember::cuda::is_compiled() ||
+      build.version != kVersionString) {
+    std::fprintf(stderr, "ember consumer: build_info() does not describe this build: %s\n", build.str().c_str());
+    return 1;
+  }
   if (total != expected) {
     std::fprintf(stderr, "ember consumer: wrong result %g, expected %g\n", total, expected);
     return 1;
