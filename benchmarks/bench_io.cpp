@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <ember/ember.hpp>
+#include <ember/train/checkpoint_manager.hpp>
 
 using namespace ember;
 namespace fs = std::filesystem;

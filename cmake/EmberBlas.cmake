@@ -1,16 +1,16 @@
 # Finds a BLAS library (OpenBLAS preferred) for ember's CPU matmul and wires it into a target.
 #
-# Used twice: by ember's own build (EMBER_BLAS_TARGET unset: the `ember` target of the build tree)
-# and by the installed emberConfig.cmake (EMBER_BLAS_TARGET = ember::ember), so that the library is
-# found again on the consumer's machine instead of being baked into the exported target as an
-# absolute path. Sets EMBER_HAVE_CBLAS to ON or OFF.
+# Used twice: by ember's own build (EMBER_BLAS_TARGET unset: the `ember_header_only` target of the
+# build tree, which ember::ember links) and by the installed emberConfig.cmake (EMBER_BLAS_TARGET =
+# ember::header_only), so that the library is found again on the consumer's machine instead of
+# being baked into the exported target as an absolute path. Sets EMBER_HAVE_CBLAS to ON or OFF.
 #
 # ember calls the BLAS through its standard Fortran symbols (sgemm_, dgemm_; see
 # backend/cpu/gemm.hpp), so only the library is needed, no cblas.h. EMBER_HAVE_CBLAS=1 is defined
 # for every consumer of the target alike, so that every translation unit of a program sees the
 # same gemm (no ODR mix). Without a BLAS, ember uses its plain loop GEMM (correct, slower).
 if(NOT EMBER_BLAS_TARGET)
-  set(EMBER_BLAS_TARGET ember)
+  set(EMBER_BLAS_TARGET ember_header_only)
 endif()
 
 # Debian and Ubuntu install OpenBLAS built three ways side by side (libopenblas0-pthread, -openmp,

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "ember/data/distributed_sampler.hpp"
+#include "ember/train/accumulate.hpp"
 #include "ember/train/checkpoint_manager.hpp"
 
 namespace ember::testing::resume {

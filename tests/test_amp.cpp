@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <ember/ember.hpp>
+#include <ember/train/accumulate.hpp>
 
 #include "gpu_skip.hpp"
 #include "pretend_gpu.hpp"

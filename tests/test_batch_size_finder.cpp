@@ -9,6 +9,7 @@
 
 #include "gpu_skip.hpp"
 #include "gradcheck.hpp"
+#include "ember/train/batch_size_finder.hpp"
 
 using namespace ember;
 using Catch::Contains;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "ember/data/distributed_sampler.hpp"
 #include "ember/train/checkpoint_manager.hpp"
 #include "resume_run.hpp"
 #include "temp_dir.hpp"

@@ -190,3 +190,74 @@ TEST_CASE("Embedding: N(0,1) init, lookup by int64 and int32, accumulating backw
   CHECK(g[0] == 0.0);
   CHECK_THROWS_AS(emb.forward_any(Tensor<float>::zeros({2})), DTypeError);
 }
+
+namespace {
+// Factories that return their model by value, as a user writes them. The registered parameters,
+// buffers and children are handles shared with the layers' own members (nothing registered points
+// into the module object), so a move carries them along with nothing to re-point.
+nn::Sequential make_mlp() {
+  nn::Sequential m;
+  m.emplace<nn::Linear>(3, 5);
+  m.emplace<nn::ReLU>();
+  m.emplace<nn::Linear>(5, 2);
+  return m;
+}
+WithBuffer make_with_buffer(bool flag) {
+  WithBuffer a, b;
+  return flag ? std::move(a) : std::move(b);  // two candidates: a move, not an elided copy
+}
+}  // namespace
+
+TEST_CASE("module: a model returned by value or moved keeps its registered tensors, names and mode",
+          "[nn][module][move]") {
+  manual_seed(11);
+  const auto x = Tensor<float>::randn({4, 3});
+
+  nn::Sequential model = make_mlp();
+  REQUIRE(model.size() == 3);
+  std::vector<std::string> names;
+  for (const auto& [n, t] : model.state_dict()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  CHECK(model.named_children().at(2).second->module_name() == "2");
+  CHECK(&model[2] == model.named_children().at(2).second.get());  // layers() and children agree
+  const auto out = model(x).to_vector();
+
+  // Move construction: the same tensors (the same TensorImpl), the source left empty.
+  const std::vector<AnyTensor> before = model.parameters();
+  model.eval();
+  nn::Sequential moved(std::move(model));
+  const std::vector<AnyTensor> after = moved.parameters();
+  REQUIRE(after.size() == before.size());
+  for (size_t i = 0; i < after.size(); ++i) CHECK(after[i].impl() == before[i].impl());
+  CHECK(model.parameters().empty());  // NOLINT(bugprone-use-after-move): moved-from is empty
+  CHECK(model.named_children().empty());
+  CHECK(model.size() == 0);
+  CHECK_FALSE(moved.is_training());
+  CHECK(moved(x).to_vector() == out);
+
+  // The registered parameters are the ones forward uses: a step on them changes the output.
+  moved.train();
+  optim::SGD opt(moved.parameters(), {.lr = 0.5});
+  sum(square(moved(x))).backward();
+  opt.step();
+  CHECK(moved(x).to_vector() != out);
+  const auto& first = static_cast<nn::Linear&>(moved[0]);
+  CHECK(first.weight.impl() == after[0].impl());
+
+  // Move assignment over a module that had its own parameters.
+  nn::Sequential target = make_mlp();
+  target = std::move(moved);
+  const std::vector<AnyTensor> assigned = target.parameters();
+  REQUIRE(assigned.size() == after.size());
+  for (size_t i = 0; i < assigned.size(); ++i) CHECK(assigned[i].impl() == after[i].impl());
+  CHECK(target.state_dict().size() == 4);
+
+  // A module with a parameter and a buffer, moved out of a factory: both registrations follow the
+  // members that forward reads.
+  WithBuffer wb = make_with_buffer(true);
+  REQUIRE(wb.named_parameters().size() == 1);
+  REQUIRE(wb.named_buffers().size() == 1);
+  CHECK(wb.named_parameters()[0].second.impl() == wb.scale.impl());
+  CHECK(wb.named_buffers()[0].second.impl() == wb.count.impl());
+  CHECK(wb(Tensor<float>::ones({2})).to_vector() == std::vector<float>{1.0f, 1.0f});
+}

@@ -18,6 +18,9 @@
 #include <numeric>
 
 #include <ember/ember.hpp>
+#include <ember/data/distributed_sampler.hpp>
+#include <ember/train/accumulate.hpp>
+#include <ember/train/batch_size_finder.hpp>
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <ember/ember.hpp>
+#include <ember/logging/metrics_logger.hpp>
 
 namespace examples {
 

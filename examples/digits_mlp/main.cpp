@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include <ember/ember.hpp>
+#include <ember/data/distributed_sampler.hpp>
 
 #include "../common/args.hpp"
 #include "../common/digits.hpp"

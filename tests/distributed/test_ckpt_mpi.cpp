@@ -11,6 +11,8 @@
 #include <ember/dist/data_parallel.hpp>
 #include <ember/dist/mpi.hpp>
 #include <ember/ember.hpp>
+#include <ember/data/distributed_sampler.hpp>
+#include <ember/train/checkpoint_manager.hpp>
 
 #include "mpi_harness.hpp"
 

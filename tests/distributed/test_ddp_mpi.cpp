@@ -14,6 +14,7 @@
 #include <ember/dist/data_parallel.hpp>
 #include <ember/dist/mpi.hpp>
 #include <ember/dist/zero.hpp>
+#include <ember/data/distributed_sampler.hpp>
 #include <ember/ember.hpp>
 
 #include "mpi_harness.hpp"

@@ -1,7 +1,11 @@
-# ember's package test package.plain_gxx: a CPU-only program compiles with nothing but
-# `<c++ compiler> -std=c++20 -I<ember/include>` (no CMake, no CUDA include path, no libraries),
-# pulls in no CUDA header, and runs. Run with cmake -P:
+# ember's package tests package.plain_gxx and package.plain_gxx_compiled: a CPU-only program
+# compiles with nothing but `<c++ compiler> -std=c++20 -I<ember/include>` (no CMake, no CUDA
+# include path, no libraries), pulls in no CUDA header, and runs. With -DCOMPILED=ON it follows the
+# README's recipe for the compiled library instead: include/ember/src/*.cpp compiled with
+# -DEMBER_COMPILED_LIB into libember.a, the program compiled with the same definition and linked
+# to it. Run with cmake -P:
 #   -DCXX=<compiler> -DINCLUDE_DIR=<ember/include> -DSOURCE=<main.cpp> -DBINARY_DIR=<folder> -DEXPECT=<regex>
+#   [-DCOMPILED=ON]
 cmake_minimum_required(VERSION 3.25)
 foreach(_v CPATH CPLUS_INCLUDE_PATH C_INCLUDE_PATH)  # no include path from the environment either
   unset(ENV{${_v}})
@@ -24,8 +28,32 @@ if(_cuda)
   message(FATAL_ERROR "a CPU-only translation unit reads CUDA headers: ${_cuda}")
 endif()
 
-message("-- ${CXX} -std=c++20 -I${INCLUDE_DIR} ${SOURCE} -o ${_exe}")
-execute_process(COMMAND "${CXX}" -std=c++20 "-I${INCLUDE_DIR}" "${SOURCE}" -o "${_exe}"
+set(_defs "")
+set(_libs "")
+if(COMPILED)
+  set(_defs -DEMBER_COMPILED_LIB)
+  file(GLOB _lib_sources "${INCLUDE_DIR}/ember/src/*.cpp")
+  set(_objects "")
+  foreach(_src IN LISTS _lib_sources)
+    get_filename_component(_name "${_src}" NAME_WE)
+    set(_obj "${BINARY_DIR}/${_name}.o")
+    message("-- ${CXX} -std=c++20 -O1 -DEMBER_COMPILED_LIB -I${INCLUDE_DIR} -c ${_src} -o ${_obj}")
+    execute_process(COMMAND "${CXX}" -std=c++20 -O1 -DEMBER_COMPILED_LIB "-I${INCLUDE_DIR}" -c "${_src}" -o "${_obj}"
+                    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+    if(NOT _rc EQUAL 0)
+      message(FATAL_ERROR "compiling the library source ${_src} failed:\n${_out}")
+    endif()
+    list(APPEND _objects "${_obj}")
+  endforeach()
+  execute_process(COMMAND ar rcs "${BINARY_DIR}/libember.a" ${_objects} RESULT_VARIABLE _rc ERROR_VARIABLE _out)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "ar failed:\n${_out}")
+  endif()
+  set(_libs "${BINARY_DIR}/libember.a")
+endif()
+
+message("-- ${CXX} -std=c++20 ${_defs} -I${INCLUDE_DIR} ${SOURCE} ${_libs} -o ${_exe}")
+execute_process(COMMAND "${CXX}" -std=c++20 ${_defs} "-I${INCLUDE_DIR}" "${SOURCE}" ${_libs} -o "${_exe}"
                 RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "plain compile failed:\n${_out}")
@@ -38,4 +66,4 @@ endif()
 if(NOT _out MATCHES "${EXPECT}")
   message(FATAL_ERROR "the output does not match '${EXPECT}'")
 endif()
-message("plain g++ consumer OK")
+message("plain compiler consumer OK")

@@ -10,12 +10,11 @@ namespace ember {
 
 // The CPU backend. Header-only (the default): defined in backend/cpu/cpu_backend.hpp, which
 // this header includes at its end, so every translation unit compiles the whole backend again.
-// EMBER_CPU_BACKEND_COMPILED (defined for every file of a program, as the CMake target
-// ember::cpu_backend does): the backend is compiled once, in backend/cpu/ember_cpu.cpp, and the
-// other files neither see nor compile it (about a third of a test file's compile time).
-#if defined(EMBER_CPU_BACKEND_COMPILED)
+// EMBER_COMPILED_LIB (core/macros.hpp): the backend is compiled once, in src/cpu_backend.cpp, and
+// the other files neither see nor compile it (about a third of a test file's compile time).
+#if defined(EMBER_COMPILED_LIB)
 namespace detail {
-Backend& compiled_cpu_backend();  // backend/cpu/ember_cpu.cpp
+Backend& compiled_cpu_backend();  // src/cpu_backend.cpp
 }  // namespace detail
 inline Backend& cpu_backend() { return detail::compiled_cpu_backend(); }
 #else
@@ -42,8 +41,8 @@ inline void synchronize(Device d) { backend_for(d).synchronize(); }
 
 }  // namespace ember
 
-// With EMBER_CPU_BACKEND_COMPILED the backend is compiled once (backend/cpu/ember_cpu.cpp) and
-// stays out of the other files; a file that names cpu::CpuBackend includes it itself.
-#if !defined(EMBER_CPU_BACKEND_COMPILED)
+// With EMBER_COMPILED_LIB the backend is compiled once (src/cpu_backend.cpp) and stays out of
+// the other files; a file that names cpu::CpuBackend includes it itself.
+#if !defined(EMBER_COMPILED_LIB)
 #include "ember/backend/cpu/cpu_backend.hpp"
 #endif

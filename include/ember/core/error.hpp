@@ -2,9 +2,12 @@
 // ember's exception hierarchy (DESIGN.md decision 8). Every message names the op and the
 // shapes, dtypes and devices involved; bad input never aborts the process.
 #include <cstdint>
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace ember {
@@ -39,11 +42,41 @@ class OutOfMemory : public Error {
 };
 
 namespace detail {
+// Appends one part of a message as std::ostream's operator<< prints it. Text, characters and
+// integers are appended directly and floating-point numbers through snprintf's %g (the stream's
+// default format); only other types go through a stream. Messages are built in many places, each
+// with its own mix of argument types: this keeps each mix's instantiation small.
+inline void append_integer(std::string& s, long long v) { s += std::to_string(v); }
+inline void append_unsigned(std::string& s, unsigned long long v) { s += std::to_string(v); }
+inline void append_floating(std::string& s, long double v) {
+  char buf[64];
+  const int n = std::snprintf(buf, sizeof buf, "%Lg", v);
+  s.append(buf, n > 0 ? static_cast<size_t>(n) : 0);
+}
+template <class T>
+void append_part(std::string& s, const T& v) {
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    s += std::string_view(v);
+  } else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char> ||
+                       std::is_same_v<T, unsigned char>) {
+    s += static_cast<char>(v);
+  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    append_integer(s, v);
+  } else if constexpr (std::is_integral_v<T>) {  // bool prints as 1 or 0, as the stream does
+    append_unsigned(s, v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    append_floating(s, v);
+  } else {
+    std::ostringstream os;
+    os << v;
+    s += os.str();
+  }
+}
 template <class... Args>
-std::string str_cat(Args&&... args) {
-  std::ostringstream os;
-  (os << ... << std::forward<Args>(args));
-  return os.str();
+std::string str_cat(const Args&... args) {
+  std::string s;
+  (append_part(s, args), ...);
+  return s;
 }
 }  // namespace detail
 

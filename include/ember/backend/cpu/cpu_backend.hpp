@@ -406,7 +406,7 @@ class CpuBackend : public Backend {
 
 }  // namespace ember::cpu
 
-#if !defined(EMBER_CPU_BACKEND_COMPILED)
+#if !defined(EMBER_COMPILED_LIB)
 namespace ember {
 inline Backend& cpu_backend() {
   static cpu::CpuBackend backend;
