@@ -1,6 +1,6 @@
 #pragma once
 // Fused scaled dot-product attention on CUDA (core/backend.hpp AttentionArgs), with the
-// formulas of the CPU twin backend/cpu/attention.hpp (its parity test: tests/test_fused.cpp).
+// formulas of the CPU twin backend/cpu/attention.hpp (its parity test: tests/test_attention.cpp).
 //
 // A flash-style kernel on the CUDA cores (no tensor cores): one warp per row, the online softmax,
 // no [L, S] score matrix anywhere, no atomics, so every result is deterministic. A lane holds
