@@ -287,6 +287,26 @@ TEST_CASE("argmax argmin float64 and float32 vs loop reference (first index on t
   check_close(vals(am), {1, 0}, 0);
 }
 
+TEST_CASE("reductions take one dimension as a plain integer; a braced list keeps its meaning", "[reduce][forward]") {
+  const Tensor<double> x(dt({0, 5, 5, 9, 9, 1}, {2, 3}));
+  CHECK(vals(ember::argmax(x, 1)) == std::vector<double>{1, 0});
+  CHECK(vals(ember::argmin(x, 1)) == std::vector<double>{0, 2});
+  CHECK(vals(ember::argmax(x, -1)) == std::vector<double>{1, 0});
+  CHECK(vals(ember::argmax(x, 0, true)) == std::vector<double>{1, 1, 0});
+  CHECK(ember::argmax(x, 0, true).shape() == Shape{1, 3});
+  CHECK(vals(ember::sum(x, 1)) == std::vector<double>{10, 19});
+  CHECK(vals(ember::mean(x, int64_t{0})) == std::vector<double>{4.5, 7, 3});
+  CHECK(vals(ember::max(x, 0)) == std::vector<double>{9, 9, 5});
+  CHECK(vals(ember::min(x, 1u)) == std::vector<double>{0, 1});
+  CHECK(vals(op::argmax(x, 1)) == std::vector<double>{1, 0});
+  // {} is still every dimension (not dimension 0), {1} still the list of one.
+  CHECK(ember::argmax(x, {}).dim() == 0);
+  CHECK(ember::argmax(x, {}).item() == 3);
+  CHECK(ember::sum(x, {}).item() == 29);
+  CHECK(vals(ember::argmax(x, {1})) == std::vector<double>{1, 0});
+  CHECK_THROWS_WITH(ember::argmax(x, 2), Catch::Matchers::Contains("argmax"));
+}
+
 TEST_CASE("reductions float16 and bfloat16 forward within 1e-3 / 1e-2 of float32", "[reduce][forward][lowp]") {
   const Shape s{4, 6, 8};
   for (DType t : {DType::Float16, DType::BFloat16}) {

@@ -27,6 +27,9 @@ ALLOWED = {
     "deploy": {"core", "autograd", "ops", "optim", "amp", "nn", "io", "quant"},
     "train": {"core", "autograd", "ops", "optim", "amp", "nn", "io", "data", "logging", "profile", "dist"},
 }
+# The compiled library's units (EMBER_COMPILED_LIB) sit above every layer: each compiles the
+# implementation of the layer it is named for.
+ALLOWED["src"] = set(ALLOWED) | {"backend"}
 # Includes that cross the order on purpose, each with its reason.
 EXCEPTIONS = {
     # Header-only builds define the CPU backend where backend_for needs it; with separate

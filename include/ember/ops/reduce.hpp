@@ -3,6 +3,7 @@
 // argmax, argmin (no gradient), var and std (with a correction, composed). An empty dimension
 // list reduces over all dimensions.
 #include <algorithm>
+#include <concepts>
 #include <vector>
 
 #include "ember/ops/detail/common.hpp"
@@ -153,6 +154,26 @@ inline AnyTensor argmax(const AnyTensor& x, const std::vector<int>& dims = {}, b
 inline AnyTensor argmin(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
   return reduce(ReduceOp::ArgMin, x, dims, keepdim);
 }
+// One dimension as a plain integer: argmax(x, 1) is argmax(x, {1}). A template, so that a braced
+// list ({} for all dimensions, {1}, {0, 1}) still chooses the list overload.
+template <std::integral I> AnyTensor sum(const AnyTensor& x, I dim, bool keepdim = false) {
+  return sum(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
+}
+template <std::integral I> AnyTensor mean(const AnyTensor& x, I dim, bool keepdim = false) {
+  return mean(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
+}
+template <std::integral I> AnyTensor max(const AnyTensor& x, I dim, bool keepdim = false) {
+  return max(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
+}
+template <std::integral I> AnyTensor min(const AnyTensor& x, I dim, bool keepdim = false) {
+  return min(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
+}
+template <std::integral I> AnyTensor argmax(const AnyTensor& x, I dim, bool keepdim = false) {
+  return argmax(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
+}
+template <std::integral I> AnyTensor argmin(const AnyTensor& x, I dim, bool keepdim = false) {
+  return argmin(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
+}
 
 // Variance over dims, as torch.var(x, dim, correction=1, keepdim): sum((x - mean)^2) divided by
 // max(0, N - correction), N the number of elements reduced; correction 1 is Bessel's (the sample
@@ -202,6 +223,24 @@ template <Element T> Tensor<int64_t> argmax(const Tensor<T>& x, std::vector<int>
 }
 template <Element T> Tensor<int64_t> argmin(const Tensor<T>& x, std::vector<int> dims = {}, bool keepdim = false) {
   return Tensor<int64_t>(op::argmin(x, dims, keepdim));
+}
+template <Element T, std::integral I> Tensor<T> sum(const Tensor<T>& x, I dim, bool keepdim = false) {
+  return Tensor<T>(op::sum(x, dim, keepdim));
+}
+template <Element T, std::integral I> Tensor<T> mean(const Tensor<T>& x, I dim, bool keepdim = false) {
+  return Tensor<T>(op::mean(x, dim, keepdim));
+}
+template <Element T, std::integral I> Tensor<T> max(const Tensor<T>& x, I dim, bool keepdim = false) {
+  return Tensor<T>(op::max(x, dim, keepdim));
+}
+template <Element T, std::integral I> Tensor<T> min(const Tensor<T>& x, I dim, bool keepdim = false) {
+  return Tensor<T>(op::min(x, dim, keepdim));
+}
+template <Element T, std::integral I> Tensor<int64_t> argmax(const Tensor<T>& x, I dim, bool keepdim = false) {
+  return Tensor<int64_t>(op::argmax(x, dim, keepdim));
+}
+template <Element T, std::integral I> Tensor<int64_t> argmin(const Tensor<T>& x, I dim, bool keepdim = false) {
+  return Tensor<int64_t>(op::argmin(x, dim, keepdim));
 }
 template <Element T>
 Tensor<T> var(const Tensor<T>& x, const std::vector<int>& dims = {}, double correction = 1.0, bool keepdim = false) {
