@@ -27,7 +27,7 @@
 
 #include "ember/backend/cpu/gemm.hpp"
 #include "ember/backend/cpu/norm.hpp"
-#include "ember/backend/cpu/reduce.hpp"
+#include "ember/backend/cpu/softmax.hpp"
 
 namespace ember::cpu {
 

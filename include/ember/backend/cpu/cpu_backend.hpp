@@ -16,6 +16,7 @@
 #include "ember/backend/cpu/optim_step.hpp"
 #include "ember/backend/cpu/preprocess.hpp"
 #include "ember/backend/cpu/reduce.hpp"
+#include "ember/backend/cpu/softmax.hpp"
 
 namespace ember::cpu {
 

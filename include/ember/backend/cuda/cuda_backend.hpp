@@ -20,7 +20,7 @@
 #include "ember/backend/cuda/cublas_lt.hpp"
 #include "ember/backend/cuda/device_copy.hpp"
 #include "ember/backend/cuda/kernels/attention.cuh"
-#include "ember/backend/cuda/kernels/cross_entropy.cuh"
+#include "ember/backend/cuda/kernels/loss.cuh"
 #include "ember/backend/cuda/kernels/elementwise.cuh"
 #include "ember/backend/cuda/kernels/index.cuh"
 #include "ember/backend/cuda/kernels/norm.cuh"
@@ -192,7 +192,7 @@ class CudaBackend final : public Backend {
     launch_norm_backward(ctx_, a, x, w, mean, rstd, gy, gx, gw, gb);
   }
 
-  // ---- fused cross-entropy (kernels/cross_entropy.cuh)
+  // ---- fused cross-entropy (kernels/loss.cuh)
   void cross_entropy_forward(const CrossEntropyArgs& a, const void* x, const int64_t* target, const void* w,
                              void* loss, void* lse, void* wt) override {
     launch_cross_entropy_forward(ctx_, a, x, target, w, loss, lse, wt);

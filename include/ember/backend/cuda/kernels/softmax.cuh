@@ -1,6 +1,6 @@
 #pragma once
 // Row softmax / log_softmax over the last axis of [rows, cols] and their backward, with the CPU's
-// semantics (backend/cpu/reduce.hpp): the row maximum ignores NaN and is taken as 0 for a row of
+// semantics (backend/cpu/softmax.hpp): the row maximum ignores NaN and is taken as 0 for a row of
 // -inf (which then gives NaN, like PyTorch). Rows of up to kWarpMaxCols columns get one warp each,
 // longer rows one block each. The rows are read three times (max, sum, output): a version that
 // held the row in registers as 32 scalars per lane with two exps per element took 116 registers
