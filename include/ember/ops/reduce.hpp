@@ -1,15 +1,34 @@
 #pragma once
 // Reductions over given dimensions with keepdim: sum, mean, max, min (forward and backward),
-// argmax, argmin (no gradient), var and std (with a correction, composed). An empty dimension
-// list reduces over all dimensions.
+// argmax, argmin (no gradient), var and std (with a correction, composed). The dimensions are a
+// list ({} or none: all of them) or one plain integer: sum(x, {0, 2}), argmax(x, 1).
 #include <algorithm>
 #include <concepts>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "ember/ops/detail/common.hpp"
 #include "ember/ops/elementwise.hpp"
 
 namespace ember::op {
+
+// The dimensions a reduction runs over: a list (`{}` or nothing for all of them, `{1}`, `{0, 2}`,
+// a std::vector<int>) or one dimension as a plain integer, so that argmax(x, 1) reads as in
+// PyTorch. bool is not a dimension.
+class ReduceDims {
+ public:
+  ReduceDims() = default;
+  ReduceDims(std::initializer_list<int> dims) : dims_(dims) {}
+  ReduceDims(std::vector<int> dims) : dims_(std::move(dims)) {}
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  ReduceDims(I dim) : dims_{static_cast<int>(dim)} {}
+  const std::vector<int>& list() const { return dims_; }
+
+ private:
+  std::vector<int> dims_;
+};
 
 namespace detail {
 inline const char* reduce_name(ReduceOp op) {
@@ -62,11 +81,11 @@ inline AnyTensor reduce_raw(ReduceOp op, const AnyTensor& x, const std::vector<i
 }
 }  // namespace detail
 
-inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const ReduceDims& dims = {}, bool keepdim = false) {
   const char* name = detail::reduce_name(op);
   detail::OpScope op_scope(name, x);
   detail::check_defined(name, x);
-  std::vector<int> rd = detail::reduce_dims(name, x, dims);
+  std::vector<int> rd = detail::reduce_dims(name, x, dims.list());
   // Sums over nothing are 0 and means NaN (0/0), as in PyTorch; extrema of nothing do not exist.
   if (op != ReduceOp::Sum && op != ReduceOp::Mean) {
     for (int d : rd)
@@ -136,55 +155,35 @@ inline AnyTensor reduce(ReduceOp op, const AnyTensor& x, const std::vector<int>&
   return y;
 }
 
-inline AnyTensor sum(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+inline AnyTensor sum(const AnyTensor& x, const ReduceDims& dims = {}, bool keepdim = false) {
   return reduce(ReduceOp::Sum, x, dims, keepdim);
 }
-inline AnyTensor mean(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+inline AnyTensor mean(const AnyTensor& x, const ReduceDims& dims = {}, bool keepdim = false) {
   return reduce(ReduceOp::Mean, x, dims, keepdim);
 }
-inline AnyTensor max(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+inline AnyTensor max(const AnyTensor& x, const ReduceDims& dims = {}, bool keepdim = false) {
   return reduce(ReduceOp::Max, x, dims, keepdim);
 }
-inline AnyTensor min(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+inline AnyTensor min(const AnyTensor& x, const ReduceDims& dims = {}, bool keepdim = false) {
   return reduce(ReduceOp::Min, x, dims, keepdim);
 }
-inline AnyTensor argmax(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+inline AnyTensor argmax(const AnyTensor& x, const ReduceDims& dims = {}, bool keepdim = false) {
   return reduce(ReduceOp::ArgMax, x, dims, keepdim);
 }
-inline AnyTensor argmin(const AnyTensor& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+inline AnyTensor argmin(const AnyTensor& x, const ReduceDims& dims = {}, bool keepdim = false) {
   return reduce(ReduceOp::ArgMin, x, dims, keepdim);
-}
-// One dimension as a plain integer: argmax(x, 1) is argmax(x, {1}). A template, so that a braced
-// list ({} for all dimensions, {1}, {0, 1}) still chooses the list overload.
-template <std::integral I> AnyTensor sum(const AnyTensor& x, I dim, bool keepdim = false) {
-  return sum(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
-}
-template <std::integral I> AnyTensor mean(const AnyTensor& x, I dim, bool keepdim = false) {
-  return mean(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
-}
-template <std::integral I> AnyTensor max(const AnyTensor& x, I dim, bool keepdim = false) {
-  return max(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
-}
-template <std::integral I> AnyTensor min(const AnyTensor& x, I dim, bool keepdim = false) {
-  return min(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
-}
-template <std::integral I> AnyTensor argmax(const AnyTensor& x, I dim, bool keepdim = false) {
-  return argmax(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
-}
-template <std::integral I> AnyTensor argmin(const AnyTensor& x, I dim, bool keepdim = false) {
-  return argmin(x, std::vector<int>{static_cast<int>(dim)}, keepdim);
 }
 
 // Variance over dims, as torch.var(x, dim, correction=1, keepdim): sum((x - mean)^2) divided by
 // max(0, N - correction), N the number of elements reduced; correction 1 is Bessel's (the sample
 // variance), 0 the population variance. N - correction <= 0 gives inf or nan, as in PyTorch.
 // Composed from differentiable ops: the gradient is 2 (x - mean) / (N - correction).
-inline AnyTensor var(const AnyTensor& x, const std::vector<int>& dims = {}, double correction = 1.0,
+inline AnyTensor var(const AnyTensor& x, const ReduceDims& dims = {}, double correction = 1.0,
                      bool keepdim = false) {
   detail::check_defined("var", x);
   detail::check_floating("var", x);
   EMBER_CHECK(correction >= 0.0, ValueError, "var: correction must be non-negative, got ", correction);
-  const std::vector<int> rd = detail::reduce_dims("var", x, dims);
+  const std::vector<int> rd = detail::reduce_dims("var", x, dims.list());
   int64_t n = 1;
   for (int d : rd) n *= x.shape()[d];
   if (x.dim() == 0) n = 1;
@@ -194,11 +193,11 @@ inline AnyTensor var(const AnyTensor& x, const std::vector<int>& dims = {}, doub
   return mul(ss, 1.0 / dof);
 }
 // Standard deviation: sqrt(var(x, dims, correction, keepdim)), as torch.std.
-inline AnyTensor std(const AnyTensor& x, const std::vector<int>& dims = {}, double correction = 1.0,
+inline AnyTensor std(const AnyTensor& x, const ReduceDims& dims = {}, double correction = 1.0,
                      bool keepdim = false) {
   detail::check_defined("std", x);
   detail::check_floating("std", x);
-  detail::reduce_dims("std", x, dims);  // a bad dimension is named as std's, not var's
+  detail::reduce_dims("std", x, dims.list());  // a bad dimension is named as std's, not var's
   return sqrt(var(x, dims, correction, keepdim));
 }
 
@@ -206,48 +205,30 @@ inline AnyTensor std(const AnyTensor& x, const std::vector<int>& dims = {}, doub
 
 namespace ember {
 
-template <Element T> Tensor<T> sum(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+template <Element T> Tensor<T> sum(const Tensor<T>& x, const op::ReduceDims& dims = {}, bool keepdim = false) {
   return Tensor<T>(op::sum(x, dims, keepdim));
 }
-template <Element T> Tensor<T> mean(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+template <Element T> Tensor<T> mean(const Tensor<T>& x, const op::ReduceDims& dims = {}, bool keepdim = false) {
   return Tensor<T>(op::mean(x, dims, keepdim));
 }
-template <Element T> Tensor<T> max(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+template <Element T> Tensor<T> max(const Tensor<T>& x, const op::ReduceDims& dims = {}, bool keepdim = false) {
   return Tensor<T>(op::max(x, dims, keepdim));
 }
-template <Element T> Tensor<T> min(const Tensor<T>& x, const std::vector<int>& dims = {}, bool keepdim = false) {
+template <Element T> Tensor<T> min(const Tensor<T>& x, const op::ReduceDims& dims = {}, bool keepdim = false) {
   return Tensor<T>(op::min(x, dims, keepdim));
 }
-template <Element T> Tensor<int64_t> argmax(const Tensor<T>& x, std::vector<int> dims = {}, bool keepdim = false) {
+template <Element T> Tensor<int64_t> argmax(const Tensor<T>& x, const op::ReduceDims& dims = {}, bool keepdim = false) {
   return Tensor<int64_t>(op::argmax(x, dims, keepdim));
 }
-template <Element T> Tensor<int64_t> argmin(const Tensor<T>& x, std::vector<int> dims = {}, bool keepdim = false) {
+template <Element T> Tensor<int64_t> argmin(const Tensor<T>& x, const op::ReduceDims& dims = {}, bool keepdim = false) {
   return Tensor<int64_t>(op::argmin(x, dims, keepdim));
 }
-template <Element T, std::integral I> Tensor<T> sum(const Tensor<T>& x, I dim, bool keepdim = false) {
-  return Tensor<T>(op::sum(x, dim, keepdim));
-}
-template <Element T, std::integral I> Tensor<T> mean(const Tensor<T>& x, I dim, bool keepdim = false) {
-  return Tensor<T>(op::mean(x, dim, keepdim));
-}
-template <Element T, std::integral I> Tensor<T> max(const Tensor<T>& x, I dim, bool keepdim = false) {
-  return Tensor<T>(op::max(x, dim, keepdim));
-}
-template <Element T, std::integral I> Tensor<T> min(const Tensor<T>& x, I dim, bool keepdim = false) {
-  return Tensor<T>(op::min(x, dim, keepdim));
-}
-template <Element T, std::integral I> Tensor<int64_t> argmax(const Tensor<T>& x, I dim, bool keepdim = false) {
-  return Tensor<int64_t>(op::argmax(x, dim, keepdim));
-}
-template <Element T, std::integral I> Tensor<int64_t> argmin(const Tensor<T>& x, I dim, bool keepdim = false) {
-  return Tensor<int64_t>(op::argmin(x, dim, keepdim));
-}
 template <Element T>
-Tensor<T> var(const Tensor<T>& x, const std::vector<int>& dims = {}, double correction = 1.0, bool keepdim = false) {
+Tensor<T> var(const Tensor<T>& x, const op::ReduceDims& dims = {}, double correction = 1.0, bool keepdim = false) {
   return Tensor<T>(op::var(x, dims, correction, keepdim));
 }
 template <Element T>
-Tensor<T> std(const Tensor<T>& x, const std::vector<int>& dims = {}, double correction = 1.0, bool keepdim = false) {
+Tensor<T> std(const Tensor<T>& x, const op::ReduceDims& dims = {}, double correction = 1.0, bool keepdim = false) {
   return Tensor<T>(op::std(x, dims, correction, keepdim));
 }
 
