@@ -1,6 +1,6 @@
 // Mixed precision: step time (forward, backward, AdamW step) of a GEMM-bound MLP and of a
 // transformer block in float32, float16 and bfloat16 activations with fp32 master weights.
-// The target on an H200: fp16/bf16 at least 2x faster than fp32 on the 4096-wide MLP.
+// The target on an H200: fp16/bf16 at least 2x faster than fp32 on the 4096-wide MLP.
 // On the CPU, 16-bit types are emulated (converted to fp32 around each kernel), so the CPU rows
 // show overhead, not speed-up; sizes are small there so a run takes seconds.
 // scaler_step_{fused,unscale_then_step}: GradScaler::step on AdamW over one large fp32 parameter,

@@ -1,4 +1,4 @@
-// The BLAS on the transformer's GEMM shapes (issue 13): which library to link, and whether a
+// The BLAS on the transformer's GEMM shapes: which library to link, and whether a
 // GELU applied to each block of rows right after the GEMM beats the GEMM then a GELU pass.
 // A plain main calling the Fortran sgemm_ symbol, so the same source links any BLAS:
 //   ./bench_blas_shapes [min seconds per shape, default 0.5] [--gelu-epilogue] [--onednn]
@@ -10,7 +10,8 @@
 //   g++ -O2 -std=c++20 -I include benchmarks/bench_blas_shapes.cpp -o bench_blas_shapes_mkl \
 //       -L$MKL/lib -lmkl_rt -Wl,-rpath,$MKL/lib -fopenmp
 // and runs with MKL_THREADING_LAYER=GNU MKL_INTERFACE_LAYER=GNU,LP64 (libgomp, as OpenBLAS's
-// OpenMP build). Run both interleaved with OMP_NUM_THREADS=1 (docs/performance.md, 2026-12-03).
+// OpenMP build). Run both interleaved with OMP_NUM_THREADS=1 (docs/performance.md, "MKL instead
+// of OpenBLAS").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -1,6 +1,6 @@
-// CPU convolution, pooling and batch norm on the shapes of issue 13's CNN step (1x28x28 input,
-// Conv(1->32, 3x3, pad 1) ReLU MaxPool(2) Conv(32->64, 3x3, pad 1) ReLU MaxPool(2) Linear, batch
-// 64, Adam), at 1 and 2 threads (ember::set_num_threads, which also sets OpenBLAS's).
+// CPU convolution, pooling and batch norm on the shapes of the PyTorch comparison's CNN step
+// (1x28x28 input, Conv(1->32, 3x3, pad 1) ReLU MaxPool(2) Conv(32->64, 3x3, pad 1) ReLU MaxPool(2)
+// Linear, batch 64, Adam), at 1 and 2 threads (ember::set_num_threads, which also sets OpenBLAS's).
 //
 //   conv_<dir>/<shape>/<path>/threads:N   one kernel call: dir fwd | bwd_input | bwd_weight,
 //                                         path dispatch (what the CPU backend runs), im2col

@@ -2,7 +2,7 @@
 // per export (median of --runs, after one warm-up) and the files' size against the weights'
 // bytes, for fp32 and fp16 graphs, weights inline and in an external data file (plain main).
 //   ./bench_export [--runs 3] [--dir /tmp]
-// Issue 35's target: under 2 s, the files within 1% of the weights' size.
+// The target: under 2 s, the files within 1% of the weights' size.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

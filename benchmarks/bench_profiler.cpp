@@ -4,7 +4,7 @@
 //        without it compiled in cannot be separated from noise, the hook alone is what counts;
 //   on:  the same tiny op (a 1-element add) with a session recording, minus the op with none:
 //        the record of one op (two clock reads, a mutex, the shape text, memory reading).
-// Targets (the issue): off under 20 ns, on under 1 us. Plain main, no Google Benchmark:
+// Targets: off under 20 ns, on under 1 us. Plain main, no Google Benchmark:
 //   ./bench_profiler [--ops 200000] [--repeats 5]
 // Prints the median over the repeats of each figure.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// ember's half of the PyTorch comparison of issue 13 (twin: bench_vs_torch.py, same workloads,
+// ember's half of the PyTorch comparison (twin: bench_vs_torch.py, same workloads,
 // same shapes, same timing rule); benchmarks/vs_torch.sh runs the two interleaved and prints the
 // ratio table. A plain main, so that it also builds against older ember trees (the "before" table).
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's half of the comparison of issue 13 (twin: bench_vs_torch.cpp, same workloads, shapes
+"""PyTorch's half of the comparison with ember (twin: bench_vs_torch.cpp, same workloads, shapes
 and timing rule: one warm-up call, then calls until --min-time seconds and at least 3 calls, the
 median reported). benchmarks/vs_torch.sh runs the two interleaved and prints the ratio table.
 

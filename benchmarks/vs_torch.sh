@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ember against PyTorch on the CPU (issue 13): runs bench_vs_torch (ember) and bench_vs_torch.py
+# ember against PyTorch on the CPU: runs bench_vs_torch (ember) and bench_vs_torch.py
 # (PyTorch) interleaved, ROUNDS rounds at each thread count, the order of the programs rotating
 # every round, and prints the median seconds and the ratio table (PyTorch time / ember time; above
 # 1: ember is faster), with the STREAM-like copy bandwidth measured in the same run and the share

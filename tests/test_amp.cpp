@@ -200,7 +200,7 @@ TEST_CASE("GradScaler scale sequence for growth 2, backoff 0.25, interval 2, ini
     CHECK(scaler.scale_tensor().item_double() == want_scale[i]);  // device value == host mirror
     scales.push_back(scaler.get_scale());
   }
-  // The exact sequence of scales, the first three being the issue's 4, 4, 8 and then an inf: 2.
+  // The exact sequence of scales: 4, 4, 8, then an inf halves it to 2.
   CHECK(scales == std::vector<double>{4, 4, 8, 2, 2, 4, 4, 1, 1, 2});
   // Each iteration's gradients were scaled by the scale in force.
   CHECK(seen_in_grad == std::vector<double>{4, 4, 8, 2, 2, 4, 4, 1, 1});
@@ -279,7 +279,7 @@ TEST_CASE("GradScaler scaled run equals an unscaled fp32 control run bitwise", "
     }
     CHECK(unskipped == steps - 1);
     CHECK(skipped == 1);
-    // The issue's formula: scale = 128 * 2^unskipped * 0.5^skipped (growth_interval 1).
+    // The formula: scale = 128 * 2^unskipped * 0.5^skipped (growth_interval 1).
     CHECK(scaler.get_scale() == 128.0 * std::pow(2.0, unskipped) * std::pow(0.5, skipped));
     CHECK(same_state(sopt->state_dict(), copt->state_dict()));
   }

@@ -1,5 +1,5 @@
-// Bad input gets a clear exception naming the op, the shapes, dtypes and devices
-// (DESIGN.md decision 8). One test per kind of bad input; each checks the message.
+// Bad input gets a clear exception naming the op, the shapes, dtypes and devices.
+// One test per kind of bad input; each checks the message.
 #include <catch2/catch.hpp>
 
 #include <ember/ember.hpp>

@@ -610,7 +610,7 @@ TEST_CASE("parity: linear_act (cuBLASLt epilogue), CPU versus CUDA", "[fused][cu
   EMBER_REQUIRE_GPU();
   // {rows, in, out}: out % 8 == 0 takes GELU's epilogue; 13 does not (the composite on the device)
   // (The CPU side's fp16/bf16/fp64 GEMMs dominate this test's time: a 1024 x 256 x 1024 case made
-  // it take 104 s on the H200 machine, 2026-12-04.)
+  // it take 104 s on the H200 machine.)
   const std::array<int64_t, 3> shapes[] = {{64, 256, 1024}, {200, 96, 256}, {7, 33, 13}, {130, 64, 40}, {1, 8, 8}};
   for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
     for (const auto& [rows, in, out] : shapes) {

@@ -1,4 +1,4 @@
-// Size arithmetic that used to overflow (issue 14): each absurd shape, size or byte count is a
+// Size arithmetic at its limits: each absurd shape, size or byte count is a
 // ShapeError or an OutOfMemory naming the op, never a wrapped count, a heap overflow or a hang.
 // No test allocates anything large: every check fires before memory is touched.
 #include <catch2/catch.hpp>

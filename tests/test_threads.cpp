@@ -230,9 +230,9 @@ TEST_CASE("random: a GeneratorScope gives a thread its own stream, others unaffe
 }
 
 TEST_CASE("random: a recomputing backward on one thread never rewinds another thread's stream", "[threads][random]") {
-  // The issue's reproduction: one thread runs recomputing forward/backward passes with dropout
-  // (which used to rewind and restore the shared generator during backward) while another draws
-  // from the same shared generator: no draw may repeat an earlier one.
+  // One thread runs recomputing forward/backward passes with dropout (a backward that rewound and
+  // restored the shared generator would repeat draws) while another draws from the same shared
+  // generator: no draw may repeat an earlier one.
   std::vector<float> drawn;
   std::atomic<bool> stop{false};
   std::exception_ptr ea, eb;

@@ -79,7 +79,7 @@ prepare() { # prepare DEPS_DIR DATA_DIR
   # Debian keeps some headers in the multiarch folder (libjpeg-turbo's jconfig.h, which defines
   # JPEG_LIB_VERSION): put them beside the rest, or jpeglib.h from the prefix picks up the GPU
   # machine's own /usr/include/x86_64-linux-gnu/jconfig.h (Ubuntu's libjpeg 8) and the library
-  # carried (62) refuses the caller ("Wrong JPEG library version", seen on the H200 2026-12-04).
+  # carried (62) refuses the caller ("Wrong JPEG library version", seen on the H200 machine).
   local multiarch
   for multiarch in "$deps"/include/*-linux-gnu; do
     [[ -d $multiarch ]] && cp -a "$multiarch"/. "$deps"/include/

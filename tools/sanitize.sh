@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU test suite under the sanitizers (issue 14):
+# The CPU test suite under the sanitizers:
 #   bash tools/sanitize.sh asan  [ctest -R regex]  every CPU test area built with AddressSanitizer +
 #                                                  UndefinedBehaviorSanitizer (-fno-sanitize-recover:
 #                                                  the first report fails the test), then ctest
@@ -118,7 +118,7 @@ fi
 
 # Optimisation: the tests at -O0 and the compiled CPU backend at -O1 (-O3 elsewhere). Instrumented
 # code is slow to compile, and the more so the more it is optimised: on 2 cores the four areas of
-# .ci/run's ASan phase took 505 s to build at -O1 / -O3 (2026-12-02) and run in seconds either
+# .ci/run's ASan phase took 505 s to build at -O1 / -O3 and run in seconds either
 # way. The sanitizers find the same errors at -O0 (ASan's reports are, if anything, more precise).
 start=$SECONDS
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=OFF -DEMBER_MPI=OFF \

@@ -1,5 +1,5 @@
 #pragma once
-// Mixed precision (DESIGN.md decision 5): the GradScaler (dynamic loss scaling for fp16) and the
+// Mixed precision: the GradScaler (dynamic loss scaling for fp16) and the
 // weight cast cache. Activations change precision by type (model(x.to<half>())); parameters stay
 // fp32 master weights. See docs/api.md "Mixed precision".
 #include "ember/amp/autocast.hpp"

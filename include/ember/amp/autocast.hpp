@@ -1,5 +1,5 @@
 #pragma once
-// The weight cast cache of mixed precision (DESIGN.md decision 5), modelled on torch.autocast's.
+// The weight cast cache of mixed precision, modelled on torch.autocast's.
 //
 // In ember a module's forward is a template over the activation type: nn::Linear::forward<half>
 // casts its fp32 master weight to half with nn::param_as<half>(weight) wherever it uses it. Without

@@ -1,6 +1,6 @@
 #pragma once
-// amp::GradScaler: dynamic loss scaling for fp16 training, with torch.amp.GradScaler's semantics
-// (DESIGN.md decision 5). bf16 has fp32's exponent range and needs no scaler.
+// amp::GradScaler: dynamic loss scaling for fp16 training, with torch.amp.GradScaler's semantics.
+// bf16 has fp32's exponent range and needs no scaler.
 //
 //   amp::GradScaler scaler;                   // init_scale 2^16, growth x2, backoff x0.5, interval 2000
 //   for (...) {

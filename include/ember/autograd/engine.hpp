@@ -1,4 +1,4 @@
-// The backward engine (DESIGN.md decision 4): walks the tape from the roots in reverse
+// The backward engine: walks the tape from the roots in reverse
 // topological order, sums the gradients arriving at each node, accumulates into the leaves'
 // .grad (AccumulateGrad), and frees saved tensors unless retain_graph. Entry points:
 // autograd::backward(roots, grads, retain_graph), AnyTensor::backward, autograd::queue_callback.

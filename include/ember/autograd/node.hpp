@@ -1,4 +1,4 @@
-// The autograd tape (DESIGN.md decision 4): nodes, edges, and `record`, by which an op puts itself
+// The autograd tape: nodes, edges, and `record`, by which an op puts itself
 // on the tape.
 //
 // Core's tensors and this tape are one layer: a handle carries its node (TensorImpl::grad_fn),

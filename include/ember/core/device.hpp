@@ -1,5 +1,5 @@
 #pragma once
-// Device is a runtime value (DESIGN.md decision 2): the CPU, or CUDA device i.
+// Device is a runtime value: the CPU, or CUDA device i.
 #include <cstdint>
 #include <ostream>
 #include <string>

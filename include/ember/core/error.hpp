@@ -1,5 +1,5 @@
 #pragma once
-// ember's exception hierarchy (DESIGN.md decision 8). Every message names the op and the
+// ember's exception hierarchy. Every message names the op and the
 // shapes, dtypes and devices involved; bad input never aborts the process.
 #include <cstdint>
 #include <cstdio>

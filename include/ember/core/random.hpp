@@ -1,5 +1,5 @@
 #pragma once
-// One random stream everywhere (DESIGN.md decision 6): the counter-based Philox4x32-10 generator.
+// One random stream everywhere: the counter-based Philox4x32-10 generator.
 // Element i of a draw at (seed, offset) uses counter block (offset + i / 4) and lane i % 4, so the
 // CPU and CUDA backends produce the same numbers, and a draw can be replayed from (seed, offset).
 #include <cmath>

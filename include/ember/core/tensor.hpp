@@ -1,5 +1,5 @@
 #pragma once
-// Tensor handles (DESIGN.md decision 1). `AnyTensor` is a cheap shared handle to an untyped
+// Tensor handles. `AnyTensor` is a cheap shared handle to an untyped
 // TensorImpl (dtype, device, shape, storage, autograd state); copying a handle shares storage,
 // `clone()` copies data. `Tensor<T>` is the same handle with its element type checked once, at
 // construction, so typed code needs no runtime dtype checks.

@@ -1,5 +1,5 @@
 #pragma once
-// The untyped tensor body shared by AnyTensor and Tensor<T> handles (DESIGN.md decision 1).
+// The untyped tensor body shared by AnyTensor and Tensor<T> handles.
 #include <functional>
 #include <memory>
 #include <vector>

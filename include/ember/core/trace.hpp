@@ -1,6 +1,6 @@
 #pragma once
 // Trace hooks: how every layer (data loading, ops, modules, optimizers, data parallel,
-// checkpoints) reports to the profiler without including it (DESIGN.md: a lower layer never
+// checkpoints) reports to the profiler without including it (a lower layer never
 // includes a higher one; where it must report up, it calls a hook that the lower layer owns).
 //
 // profile::Profiler installs a Listener while it records; with none installed each scope costs

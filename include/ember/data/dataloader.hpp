@@ -1,6 +1,6 @@
 #pragma once
 // data::DataLoader: batches from a Dataset, loaded by persistent worker threads into a bounded
-// prefetch queue and delivered in order (DESIGN.md decision 11).
+// prefetch queue and delivered in order.
 //
 //   data::DataLoader loader(dataset, {.batch_size = 128, .shuffle = true, .seed = 1, .num_workers = 2});
 //   for (int epoch = 0; epoch < 10; ++epoch)

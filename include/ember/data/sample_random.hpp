@@ -1,5 +1,5 @@
 #pragma once
-// Random numbers keyed by (seed, epoch, sample index) (DESIGN.md decision 11): a sample's random
+// Random numbers keyed by (seed, epoch, sample index): a sample's random
 // transform draws the same numbers whichever worker thread loads it, in whatever order, and after
 // a resume. And the epoch permutation, keyed by (seed, epoch).
 //

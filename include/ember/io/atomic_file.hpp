@@ -1,5 +1,5 @@
 #pragma once
-// Atomic file writes (DESIGN.md decision 10): the bytes go to a temporary file in the target's
+// Atomic file writes: the bytes go to a temporary file in the target's
 // folder, which is fsynced, renamed over the target, and the folder fsynced. A reader therefore
 // sees the old file or the new one, never a mix; a failure (disk full, read-only folder, a
 // missing folder, a file-size limit) is an ember::IOError naming the path and the system's

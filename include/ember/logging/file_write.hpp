@@ -1,5 +1,5 @@
 #pragma once
-// The append-only file for the metrics logger (DESIGN.md decision 10).
+// The append-only file for the metrics logger, and how the logger writes whole files.
 //
 // - Whole files (the Chrome trace, hparams.json) are written with io::write_file_atomic
 //   (io/atomic_file.hpp: temporary file in the target's folder, fsync, rename, fsync the folder):

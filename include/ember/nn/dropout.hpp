@@ -1,7 +1,7 @@
 #pragma once
 // nn::Dropout(p = 0.5), as torch.nn.Dropout: in training, each element is zeroed with
 // probability p and the survivors are scaled by 1 / (1 - p); in eval it is the identity.
-// The mask comes from ember's Philox generator (DESIGN.md decision 6): element i is kept when
+// The mask comes from ember's Philox generator: element i is kept when
 // the uniform number u_i of Tensor<float>::rand(x.shape(), x.device(), 0, 1, gen) satisfies
 // u_i < 1 - p. So the same generator state gives the same mask on the CPU and on CUDA, and a
 // recomputation that restores the generator's (seed, offset) replays it. Each call draws

@@ -2,7 +2,7 @@
 // nn::Module: parameters, buffers and submodules with PyTorch-style dotted names, train/eval,
 // moving between devices and dtypes, and strict state_dict loading.
 //
-// A module's forward is a template over the activation type (DESIGN.md decision 5): parameters
+// A module's forward is a template over the activation type: parameters
 // stay in their own dtype (fp32 master weights by default) and a layer casts them to the
 // activation type where it uses them. To sit in an nn::Sequential, a module derives from
 // nn::ModuleBase<Derived>, which turns its template forward into the untyped `forward_any`.

@@ -11,7 +11,7 @@
 // arguments (and fn). Its backward
 //   1. makes a copy of the default generator's (seed, offset) from before the forward the
 //      backward thread's default generator (a GeneratorScope, core/random.hpp), so dropout inside
-//      fn draws the same masks (DESIGN.md decision 6),
+//      fn draws the same masks,
 //   2. re-runs fn with grad mode on, on detached copies of the tensor arguments (each requiring
 //      grad exactly when the original does),
 //   3. ends that scope: the generator itself was never rewound, so recomputation neither changes

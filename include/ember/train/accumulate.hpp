@@ -1,7 +1,7 @@
 #pragma once
 // train::GradientAccumulator: gradient accumulation over k micro-batches per optimizer step.
 //
-// Backward adds into .grad (DESIGN.md decision 4), so k backward passes between two zero_grad()
+// Backward adds into .grad, so k backward passes between two zero_grad()
 // calls leave the sum of the k micro-batch gradients in .grad. With each micro-batch's loss
 // divided by k, that sum is the gradient of the mean over the k micro-batches, which for a loss
 // that is a mean over samples (reduction "mean") and micro-batches of equal size b is the gradient

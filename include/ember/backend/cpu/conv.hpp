@@ -214,7 +214,7 @@ void im2col_conv2d_backward_weight(const Conv2dArgs& a, const T* x, const T* gy,
   });
 }
 
-// The kernel-table entries. Chosen by measurement on the CNN shapes of issue 13 (one interleaved
+// The kernel-table entries. Chosen by measurement on the CNN step's shapes (one interleaved
 // run, docs/performance-conv.md): at one thread ember's im2col + GEMM beat oneDNN in five of six
 // shape/direction pairs (not the first layer's backward-weight, left on im2col for one simple
 // rule); at two threads oneDNN on ember's plain layouts (its gemm:jit convolutions) beat both

@@ -1,5 +1,5 @@
 #pragma once
-// Device memory for CUDA tensors (DESIGN.md decision 7): the stream-ordered allocator
+// Device memory for CUDA tensors: the stream-ordered allocator
 // (cudaMallocAsync / cudaFreeAsync on the device's ember stream) drawing from the device's default
 // memory pool, whose release threshold is raised to UINT64_MAX so that freed memory stays cached
 // in the pool instead of going back to the driver at every synchronisation. The statistics and

@@ -100,7 +100,7 @@ __global__ void unary_kernel(UnaryOp op, const T* x, T* out, int64_t n, calc_t<T
 // ---------------------------------------------------------------- dense, 16-byte packs
 // The dense elementwise kernels move 16 bytes per load and store (ld.global.v4): with one element
 // per thread, the grid-stride kernels above reached about 2.8 TB/s on the H200 where PyTorch's
-// vectorised kernels reached 3.6-3.9 (bench_core add / relu, 2026-12-04). The arithmetic per
+// vectorised kernels reached 3.6-3.9 (bench_core add / relu). The arithmetic per
 // element is unchanged, so the results are the same bits. Used when every dense operand is 16-byte
 // aligned; the tail of fewer than one pack is done element by element.
 // Pack<T> and aligned16: kernels/common.cuh.

@@ -273,7 +273,7 @@ inline void launch_norm_backward(const T* x, const T* w, const norm_stat_t<T>* m
 // gw[c] = sum_r gy * xhat, gb[c] = sum_r gy: blocks of 32 columns x 8 row phases over a chunk of
 // rows (blockIdx.y); each thread sums its rows in order, then the 8 phases are added in order in
 // shared memory. With one chunk the block writes gw/gb; with several (rows split so that the grid
-// fills the GPU: 32 blocks for 1024 columns left most of the H200's 132 SMs idle, 2026-12-04) each
+// fills the GPU: 32 blocks for 1024 columns left most of the H200's 132 SMs idle) each
 // writes its partial sums to pw/pb [chunks, cols], which norm_param_grad_finish_kernel adds in
 // chunk order. The order is fixed for a shape and device: deterministic, no atomics.
 constexpr int kNormColThreads = 32, kNormRowPhases = 8;

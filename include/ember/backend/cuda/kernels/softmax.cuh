@@ -5,7 +5,8 @@
 // longer rows one block each. The rows are read three times (max, sum, output): a version that
 // held the row in registers as 32 scalars per lane with two exps per element took 116 registers
 // (16 warps per SM) and 513 us for [65536, 1024] fp32 on the H200, against 248 us for these loops
-// and PyTorch's 141 (2026-12-04). Sums accumulate in float (double for fp64). Floating types only.
+// and PyTorch's 141-152 (bench_core softmax_rows). Sums accumulate in float (double for fp64).
+// Floating types only.
 #if defined(__CUDACC__)
 #include "ember/backend/cuda/kernels/common.cuh"
 #include "ember/backend/cuda/kernels/launch.cuh"
