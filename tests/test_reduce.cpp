@@ -287,7 +287,7 @@ TEST_CASE("argmax argmin float64 and float32 vs loop reference (first index on t
   check_close(vals(am), {1, 0}, 0);
 }
 
-TEST_CASE("reductions take one dimension as a plain integer; a braced list keeps its meaning", "[reduce][forward]") {
+TEST_CASE("reductions take one dimension as a plain integer, and a braced list keeps its meaning", "[reduce][forward]") {
   const Tensor<double> x(dt({0, 5, 5, 9, 9, 1}, {2, 3}));
   CHECK(vals(ember::argmax(x, 1)) == std::vector<double>{1, 0});
   CHECK(vals(ember::argmin(x, 1)) == std::vector<double>{0, 2});
