@@ -2,11 +2,14 @@
 // The training run that the exact-resume tests of train::CheckpointManager stop and resume
 // (test_checkpoint_manager.cpp on the CPU with save; test_checkpoint_manager_gpu.cpp on cuda:0 with
 // save_async): dropout, AdamW, warmup-cosine, an fp16 GradScaler, gradient accumulation and a
-// shuffled sampler, so that every piece of state a checkpoint holds changes the result.
+// shuffled sampler, so that every piece of state a checkpoint holds changes the result. Each run
+// is a process of its own (child_process.hpp): the child calls training_run_from_env, the parent
+// check_exact_resume.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -16,6 +19,8 @@
 #include "ember/data/distributed_sampler.hpp"
 #include "ember/train/accumulate.hpp"
 #include "ember/train/checkpoint_manager.hpp"
+#include "child_process.hpp"
+#include "test_util.hpp"
 
 namespace ember::testing::resume {
 
@@ -119,6 +124,61 @@ inline void training_run(const RunOptions& o, const std::filesystem::path& dir, 
   out.emplace_back("lr", Tensor<double>::scalar(opt.param_groups()[0].lr()));
   out.emplace_back("gen", Tensor<int64_t>::from_vector({static_cast<int64_t>(default_generator().offset())}, {1}));
   io::save_file(results, out);
+}
+
+// training_run in a child process, its arguments from the variables the parent's run sets:
+// EMBER_CKPT_DIR, _LAST, _SAVE, _RESUME (1 or 0) and _RESULTS.
+inline void training_run_from_env(const RunOptions& o) {
+  training_run(o, env("EMBER_CKPT_DIR"), std::stoll(env("EMBER_CKPT_LAST")), std::stoll(env("EMBER_CKPT_SAVE")),
+               env("EMBER_CKPT_RESUME") == "1", env("EMBER_CKPT_RESULTS"));
+}
+
+// N steps straight, then k steps and a save, then a new process that resumes for N - k steps:
+// every loss, parameter and optimizer state tensor bitwise equal. Each run is the hidden test case
+// `child_test` of this executable (which calls training_run_from_env) in a child process, with
+// `extra_vars` in its environment too, checkpoints in dir / "ck" and its results in dir;
+// check_output(out) sees what the child printed, once its exit status is 0.
+template <class CheckOutput>
+void check_exact_resume(const std::filesystem::path& dir, const std::string& child_test,
+                        const std::vector<std::string>& extra_vars, CheckOutput&& check_output) {
+  const std::string d = (dir / "ck").string();
+  const std::string log = (dir / "log.txt").string();
+  std::string out;
+  auto run = [&](int64_t last, int64_t save, bool resume, const std::string& results) {
+    std::vector<std::string> vars{"EMBER_CKPT_DIR=" + d, "EMBER_CKPT_LAST=" + std::to_string(last),
+                                  "EMBER_CKPT_SAVE=" + std::to_string(save),
+                                  std::string("EMBER_CKPT_RESUME=") + (resume ? "1" : "0"),
+                                  "EMBER_CKPT_RESULTS=" + (dir / results).string()};
+    vars.insert(vars.end(), extra_vars.begin(), extra_vars.end());
+    int rc = run_child(child_test, vars, log, &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    check_output(out);
+  };
+  const int64_t k = 8;  // mid-epoch: 6 micro-batches of 3 per epoch of 36, 2 per step
+  run(kTotalSteps, -1, false, "straight.safetensors");
+  std::filesystem::remove_all(d);
+  run(k, k, false, "first.safetensors");
+  run(kTotalSteps, -1, true, "resumed.safetensors");
+  io::TensorList straight = io::load_file(dir / "straight.safetensors");
+  io::TensorList first = io::load_file(dir / "first.safetensors");
+  io::TensorList resumed = io::load_file(dir / "resumed.safetensors");
+  REQUIRE(straight.size() == resumed.size());
+  // Every loss bitwise: the first k steps in the first run, the rest in the resumed one.
+  std::vector<float> ls = Tensor<float>(straight[0].second).to_vector();
+  std::vector<float> l1 = Tensor<float>(first[0].second).to_vector();
+  std::vector<float> l2 = Tensor<float>(resumed[0].second).to_vector();
+  REQUIRE(ls.size() == static_cast<size_t>(kTotalSteps * kAccum));
+  REQUIRE(l1.size() + l2.size() == ls.size());
+  l1.insert(l1.end(), l2.begin(), l2.end());
+  CHECK(std::memcmp(l1.data(), ls.data(), ls.size() * sizeof(float)) == 0);
+  for (size_t i = 1; i < straight.size(); ++i) {
+    INFO(straight[i].first);
+    CHECK(straight[i].first == resumed[i].first);
+    CHECK(testing::same_bytes(straight[i].second, resumed[i].second));
+  }
+  // The run was not trivial: the scaler skipped or grew, and the lr moved.
+  CHECK(Tensor<double>(io::SafetensorsFile(dir / "straight.safetensors").get("scale")).item() != 1024.0);
 }
 
 }  // namespace ember::testing::resume

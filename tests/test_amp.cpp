@@ -98,9 +98,9 @@ Batch make_batch(uint64_t seed, int64_t n, int64_t in = 4, int64_t out = 2, Devi
 
 Tensor<float> mlp_loss(nn::Sequential& m, const Batch& b) { return nn::functional::mse_loss(m(b.x), b.y); }
 
-// One parameter p = [1, 2, 3] with loss sum(p * p): gradient 2p, known exactly.
-AnyTensor make_param() {
-  AnyTensor p = AnyTensor(Tensor<float>::from_vector({1.0f, 2.0f, 3.0f}));
+// One parameter p = [1, 2, 3] (on device d) with loss sum(p * p): gradient 2p, known exactly.
+AnyTensor make_param(Device d = Device::cpu()) {
+  AnyTensor p = AnyTensor(Tensor<float>::from_vector({1.0f, 2.0f, 3.0f})).to(d);
   p.set_requires_grad(true);
   return p;
 }
@@ -135,6 +135,14 @@ class CountingCudaBackend : public cpu::CpuBackend {
 
 using CountingGpu = testing::StandIn<CountingCudaBackend, testing::CudaStandIn::Always>;
 CountingCudaBackend& counting_backend() { return CountingGpu::backend(); }
+
+// The counting stand-in replaces cuda:0 only where there is no real GPU: elsewhere the tests that
+// count its calls say so and return.
+bool real_gpu_present() {
+  if (!cuda::is_available()) return false;
+  std::cout << "(counting device not installed: a real GPU is present)" << std::endl;
+  return true;
+}
 
 }  // namespace
 
@@ -563,16 +571,12 @@ TEST_CASE("GradScaler with two optimizers skips both on an inf in either", "[amp
 }
 
 TEST_CASE("GradScaler reads the device at most once per step", "[amp][scaler]") {
-  if (cuda::is_available()) {
-    std::cout << "(counting device not installed: a real GPU is present)" << std::endl;
-    return;
-  }
+  if (real_gpu_present()) return;
   CountingGpu gpu;
   CountingCudaBackend& dev = counting_backend();
   {
     const Device d = Device::cuda(0);
-    AnyTensor p = AnyTensor(Tensor<float>::from_vector({1.0f, 2.0f, 3.0f})).to(d);
-    p.set_requires_grad(true);
+    AnyTensor p = make_param(d);
     optim::SGD opt({p}, {.lr = 0.125});
     amp::GradScaler scaler({.init_scale = 64.0, .growth_interval = 1});
     for (int it = 0; it < 3; ++it) {
@@ -682,15 +686,10 @@ TEST_CASE("GradScaler step with the unscale fused into SGD / Adam / AdamW / RMSp
 
 TEST_CASE("GradScaler fused unscale: step() checks, then one kernel unscales and steps, and the fallbacks",
           "[amp][scaler][fused]") {
-  if (cuda::is_available()) {
-    std::cout << "(counting device not installed: a real GPU is present)" << std::endl;
-    return;
-  }
+  if (real_gpu_present()) return;
   CountingGpu gpu;
   CountingCudaBackend& dev = counting_backend();
-  const Device d = Device::cuda(0);
-  AnyTensor p = AnyTensor(Tensor<float>::from_vector({1.0f, 2.0f, 3.0f})).to(d);
-  p.set_requires_grad(true);
+  AnyTensor p = make_param(Device::cuda(0));
   optim::SGD opt({p}, {.lr = 0.125, .momentum = 0.5});
   amp::GradScaler scaler({.init_scale = 64.0, .growth_interval = 1000});
   auto iteration = [&](auto before_step) {

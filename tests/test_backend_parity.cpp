@@ -116,6 +116,20 @@ void expect_bitwise(const Pair& p, const std::string& what) {
 
 std::string str(DType t) { return dtype_name(t); }
 
+// f calls `op` of the CUDA backend on int32: a DTypeError whose message names the op, int32 and cuda:0.
+template <class F>
+void check_int32_rejected(const std::string& op, F&& f) {
+  try {
+    f();
+    FAIL(op + " on int32 should throw");
+  } catch (const DTypeError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find(op) != std::string::npos);
+    CHECK(msg.find("int32") != std::string::npos);
+    CHECK(msg.find("cuda:0") != std::string::npos);
+  }
+}
+
 // Broadcasting StridedArgs: inputs right-aligned against `out`, stride 0 along broadcast dimensions.
 std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
   std::vector<int64_t> st(out.size(), 0);
@@ -602,15 +616,7 @@ TEST_CASE("parity: gemm", "[cuda][parity]") {
     g.lda = g.ldb = g.ldc = 2;
     Pair a = small_ints({4}, DType::Int32, 0, 3), c = output({4}, DType::Int32);
     g.a = a.gp(); g.b = a.gp(); g.c = c.gp();
-    try {
-      gpu_be().gemm(g);
-      FAIL("gemm on int32 should throw");
-    } catch (const DTypeError& e) {
-      const std::string msg = e.what();
-      CHECK(msg.find("gemm") != std::string::npos);
-      CHECK(msg.find("int32") != std::string::npos);
-      CHECK(msg.find("cuda:0") != std::string::npos);
-    }
+    check_int32_rejected("gemm", [&] { gpu_be().gemm(g); });
   }
 }
 
@@ -651,15 +657,7 @@ TEST_CASE("parity: softmax and log_softmax", "[cuda][parity]") {
   }
   SECTION("integer dtypes are a DTypeError naming op, dtype and device") {
     Pair x = small_ints({2, 3}, DType::Int32, 0, 3), y = output({2, 3}, DType::Int32);
-    try {
-      gpu_be().softmax(DType::Int32, x.gp(), y.gp(), 2, 3, false);
-      FAIL("softmax on int32 should throw");
-    } catch (const DTypeError& e) {
-      const std::string msg = e.what();
-      CHECK(msg.find("softmax") != std::string::npos);
-      CHECK(msg.find("int32") != std::string::npos);
-      CHECK(msg.find("cuda:0") != std::string::npos);
-    }
+    check_int32_rejected("softmax", [&] { gpu_be().softmax(DType::Int32, x.gp(), y.gp(), 2, 3, false); });
   }
 }
 

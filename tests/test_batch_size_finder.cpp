@@ -54,13 +54,15 @@ struct Rig {
   }
 };
 
-// True when one step at batch b fits a fresh rig (built as the finder's) under the budget.
-bool fits_fresh(int pre_steps, int64_t budget, int64_t b, Device d = Device::cpu()) {
-  Rig r(pre_steps, d);
-  MemoryLimit limit(d, budget);
+// True when one step at batch b fits a fresh rig (built as the finder's, from rig_args: Rig's
+// constructor arguments) under the budget.
+template <class... RigArgs>
+bool fits_fresh(int64_t budget, int64_t b, RigArgs... rig_args) {
+  Rig r(rig_args...);
+  MemoryLimit limit(r.dev, budget);
   try {
     r.step(b);
-    synchronize(d);
+    synchronize(r.dev);
     return true;
   } catch (const OutOfMemory&) {
     return false;
@@ -70,7 +72,7 @@ bool fits_fresh(int pre_steps, int64_t budget, int64_t b, Device d = Device::cpu
 // The largest batch that fits, scanning 1, 2, 3, ... (0 when even 1 does not fit).
 int64_t brute_force_max(int pre_steps, int64_t budget, int64_t upto) {
   for (int64_t b = 1; b <= upto; ++b)
-    if (!fits_fresh(pre_steps, budget, b)) return b - 1;
+    if (!fits_fresh(budget, b, pre_steps)) return b - 1;
   return upto;
 }
 
@@ -129,7 +131,7 @@ TEST_CASE("batch-size finder: the exact largest batch of a brute-force scan, Ada
   INFO("brute force: largest batch " << expected);
   REQUIRE(expected > 8);
   REQUIRE(expected < 2000);
-  CHECK_FALSE(fits_fresh(2, kBudget, expected + 5));  // memory keeps growing past it
+  CHECK_FALSE(fits_fresh(kBudget, expected + 5, 2));  // memory keeps growing past it
 
   Rig r(2);
   // The step should change what the finder must restore.
@@ -299,19 +301,8 @@ TEST_CASE("batch-size finder: a real search on cuda:0 under a memory limit", "[t
   REQUIRE(found.max_batch_size >= 1);
   check_restored(before, r);
   // Exact: the answer fits a fresh rig and one more does not.
-  auto fits = [&](int64_t b) {
-    Rig fresh(2, gpu, 256, 1024);
-    MemoryLimit limit(gpu, budget);
-    try {
-      fresh.step(b);
-      synchronize(gpu);
-      return true;
-    } catch (const OutOfMemory&) {
-      return false;
-    }
-  };
-  CHECK(fits(found.max_batch_size));
-  CHECK_FALSE(fits(found.max_batch_size + 1));
+  CHECK(fits_fresh(budget, found.max_batch_size, 2, gpu, 256, 1024));
+  CHECK_FALSE(fits_fresh(budget, found.max_batch_size + 1, 2, gpu, 256, 1024));
   WARN("batch-size finder, cuda:0, budget 16 MiB: largest batch " << found.max_batch_size << " after "
        << found.trials.size() << " trials");
 }

@@ -37,52 +37,18 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("ember-ckpt") {}
 };
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-// Runs this executable on one (hidden) test case with extra environment variables; returns the
-// exit status, output in `out`.
-int run_child(const std::string& test_name, const std::vector<std::string>& vars, const std::string& log = "",
-              std::string* out = nullptr, pid_t* pid_out = nullptr, bool wait = true) {
-  const std::string exe = fs::read_symlink("/proc/self/exe").string();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    for (const auto& v : vars) ::putenv(const_cast<char*>(v.c_str()));
-    if (!log.empty()) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-    }
-    ::execl(exe.c_str(), exe.c_str(), test_name.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  if (pid_out) *pid_out = pid;
-  if (!wait) return 0;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (out && !log.empty()) {
-    std::ifstream f(log);
-    out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 // ------------------------------------------------------------------ the training run to resume
-// tests/resume_run.hpp: on the CPU, saved with save.
+// tests/resume_run.hpp: on the CPU, saved with save; each run in a child process.
 using namespace testing::resume;
+using testing::env;
+using testing::run_child;
 
 }  // namespace
 
 // ------------------------------------------------------------------ hidden child test cases
 TEST_CASE("child: training run", "[.]") {
   if (env("EMBER_CKPT_DIR").empty()) return;
-  training_run({.device = Device::cpu(), .save_async = false}, env("EMBER_CKPT_DIR"),
-               std::stoll(env("EMBER_CKPT_LAST")), std::stoll(env("EMBER_CKPT_SAVE")), env("EMBER_CKPT_RESUME") == "1",
-               env("EMBER_CKPT_RESULTS"));
+  training_run_from_env({.device = Device::cpu(), .save_async = false});
 }
 
 namespace {
@@ -316,42 +282,7 @@ TEST_CASE("CheckpointManager: exact resume in a new process (dropout, AdamW, war
           "accumulation, shuffled sampler)",
           "[checkpoint][resume]") {
   TempDir dir;
-  const std::string d = (dir.path / "ck").string();
-  const std::string log = (dir.path / "log.txt").string();
-  std::string out;
-  auto run = [&](int64_t last, int64_t save, bool resume, const std::string& results) {
-    int rc = run_child("child: training run",
-                       {"EMBER_CKPT_DIR=" + d, "EMBER_CKPT_LAST=" + std::to_string(last),
-                        "EMBER_CKPT_SAVE=" + std::to_string(save), std::string("EMBER_CKPT_RESUME=") + (resume ? "1" : "0"),
-                        "EMBER_CKPT_RESULTS=" + (dir.path / results).string()},
-                       log, &out);
-    INFO(out);
-    REQUIRE(rc == 0);
-  };
-  const int64_t k = 8;  // mid-epoch: 6 micro-batches of 3 per epoch of 36, 2 per step
-  run(kTotalSteps, -1, false, "straight.safetensors");
-  fs::remove_all(d);
-  run(k, k, false, "first.safetensors");
-  run(kTotalSteps, -1, true, "resumed.safetensors");
-  io::TensorList straight = io::load_file(dir.path / "straight.safetensors");
-  io::TensorList first = io::load_file(dir.path / "first.safetensors");
-  io::TensorList resumed = io::load_file(dir.path / "resumed.safetensors");
-  REQUIRE(straight.size() == resumed.size());
-  // Every loss bitwise: the first k steps in the first run, the rest in the resumed one.
-  std::vector<float> ls = Tensor<float>(straight[0].second).to_vector();
-  std::vector<float> l1 = Tensor<float>(first[0].second).to_vector();
-  std::vector<float> l2 = Tensor<float>(resumed[0].second).to_vector();
-  REQUIRE(ls.size() == static_cast<size_t>(kTotalSteps * kAccum));
-  REQUIRE(l1.size() + l2.size() == ls.size());
-  l1.insert(l1.end(), l2.begin(), l2.end());
-  CHECK(std::memcmp(l1.data(), ls.data(), ls.size() * sizeof(float)) == 0);
-  for (size_t i = 1; i < straight.size(); ++i) {
-    INFO(straight[i].first);
-    CHECK(straight[i].first == resumed[i].first);
-    CHECK(testing::same_bytes(straight[i].second, resumed[i].second));
-  }
-  // The run was not trivial: the scaler skipped or grew, and the lr moved.
-  CHECK(Tensor<double>(io::SafetensorsFile(dir.path / "straight.safetensors").get("scale")).item() != 1024.0);
+  check_exact_resume(dir.path, "child: training run", {}, [](const std::string&) {});
 }
 
 TEST_CASE("CheckpointManager: SIGKILL at random moments never leaves an unusable newest checkpoint",

@@ -35,16 +35,8 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("ember-ckgpu") {}
 };
 
-bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
-  if (a.dtype() != b.dtype() || !(a.shape() == b.shape())) return false;
-  AnyTensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
-  return ha.nbytes() == 0 || std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
-}
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+using testing::env;
+using testing::same_bytes;
 
 // The pretend cuda:0, counting the calls that tell which staging path a save took.
 struct CountingBackend : testing::PretendCudaBackend {
@@ -90,71 +82,16 @@ struct CountingGpu {
   }
 };
 
-// Runs this executable on one (hidden) test case with extra environment variables.
-int run_child(const std::string& test_name, const std::vector<std::string>& vars, const std::string& log,
-              std::string* out) {
-  const std::string exe = fs::read_symlink("/proc/self/exe").string();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    for (const auto& v : vars) ::putenv(const_cast<char*>(v.c_str()));
-    FILE* f = std::freopen(log.c_str(), "w", stdout);
-    if (f) ::dup2(::fileno(stdout), 2);
-    ::execl(exe.c_str(), exe.c_str(), test_name.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::ifstream f(log);
-  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 // ------------------------------------------------------------------ the training run to resume
 // tests/resume_run.hpp (test_checkpoint_manager.cpp runs it on the CPU), here on device d, saved
 // with save_async (the pinned path).
 using namespace testing::resume;
 
-// N steps straight, then k steps + save_async, then a new process that resumes for N - k steps:
-// every loss, parameter and optimizer state tensor bitwise equal.
-void check_exact_resume(bool pretend) {
+// check_exact_resume on cuda:0 (the real one, or the pretend one), saved with save_async.
+void check_exact_resume_on_device(bool pretend) {
   TempDir dir;
-  const std::string d = (dir.path / "ck").string();
-  const std::string log = (dir.path / "log.txt").string();
-  std::string out;
-  auto run = [&](int64_t last, int64_t save, bool resume, const std::string& results) {
-    int rc = run_child("child: device training run",
-                       {"EMBER_CKPT_DIR=" + d, "EMBER_CKPT_LAST=" + std::to_string(last),
-                        "EMBER_CKPT_SAVE=" + std::to_string(save),
-                        std::string("EMBER_CKPT_RESUME=") + (resume ? "1" : "0"),
-                        std::string("EMBER_CKPT_PRETEND=") + (pretend ? "1" : "0"),
-                        "EMBER_CKPT_RESULTS=" + (dir.path / results).string()},
-                       log, &out);
-    INFO(out);
-    REQUIRE(rc == 0);
-    REQUIRE(out.find("All tests passed") != std::string::npos);
-  };
-  const int64_t k = 8;  // mid-epoch
-  run(kTotalSteps, -1, false, "straight.safetensors");
-  fs::remove_all(d);
-  run(k, k, false, "first.safetensors");
-  run(kTotalSteps, -1, true, "resumed.safetensors");
-  io::TensorList straight = io::load_file(dir.path / "straight.safetensors");
-  io::TensorList first = io::load_file(dir.path / "first.safetensors");
-  io::TensorList resumed = io::load_file(dir.path / "resumed.safetensors");
-  REQUIRE(straight.size() == resumed.size());
-  std::vector<float> ls = Tensor<float>(straight[0].second).to_vector();
-  std::vector<float> l1 = Tensor<float>(first[0].second).to_vector();
-  std::vector<float> l2 = Tensor<float>(resumed[0].second).to_vector();
-  REQUIRE(ls.size() == static_cast<size_t>(kTotalSteps * kAccum));
-  REQUIRE(l1.size() + l2.size() == ls.size());
-  l1.insert(l1.end(), l2.begin(), l2.end());
-  CHECK(std::memcmp(l1.data(), ls.data(), ls.size() * sizeof(float)) == 0);
-  for (size_t i = 1; i < straight.size(); ++i) {
-    INFO(straight[i].first);
-    CHECK(straight[i].first == resumed[i].first);
-    CHECK(same_bytes(straight[i].second, resumed[i].second));
-  }
-  CHECK(Tensor<double>(io::SafetensorsFile(dir.path / "straight.safetensors").get("scale")).item() != 1024.0);
+  check_exact_resume(dir.path, "child: device training run", {std::string("EMBER_CKPT_PRETEND=") + (pretend ? "1" : "0")},
+                     [](const std::string& out) { REQUIRE(out.find("All tests passed") != std::string::npos); });
 }
 
 }  // namespace
@@ -164,9 +101,7 @@ TEST_CASE("child: device training run", "[.]") {
   std::optional<testing::PretendGpu> pretend;
   if (env("EMBER_CKPT_PRETEND") == "1") pretend.emplace();
   REQUIRE(cuda::is_available());
-  training_run({.device = Device::cuda(0), .save_async = true}, env("EMBER_CKPT_DIR"),
-               std::stoll(env("EMBER_CKPT_LAST")), std::stoll(env("EMBER_CKPT_SAVE")), env("EMBER_CKPT_RESUME") == "1",
-               env("EMBER_CKPT_RESULTS"));
+  training_run_from_env({.device = Device::cuda(0), .save_async = true});
 }
 
 TEST_CASE("CheckpointManager: save_async of device tensors stages into reused pinned memory with one sync",
@@ -246,12 +181,12 @@ TEST_CASE("CheckpointManager: save_async of device tensors stages into reused pi
 TEST_CASE("CheckpointManager: exact resume in a new process on the pretend cuda:0 (save_async, pinned staging)",
           "[checkpoint][resume][device]") {
   if (cuda::is_available()) return;  // a real GPU runs the [gpu] case below instead
-  check_exact_resume(/*pretend=*/true);
+  check_exact_resume_on_device(/*pretend=*/true);
 }
 
 TEST_CASE("CheckpointManager: exact resume in a new process on cuda:0 (dropout, AdamW, warmup-cosine, fp16 "
           "GradScaler, accumulation, shuffled sampler)",
           "[checkpoint][resume][gpu]") {
   EMBER_REQUIRE_GPU();
-  check_exact_resume(/*pretend=*/false);
+  check_exact_resume_on_device(/*pretend=*/false);
 }

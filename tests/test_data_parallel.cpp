@@ -932,6 +932,22 @@ dist::NumericSettings with_setting(dist::NumericSettings s, const std::string& n
   return s;
 }
 
+// The warnings of the settings check when each of `ranks` thread ranks builds a DataParallel with
+// its options' same_settings set by configure(rank, same_settings); one list per rank.
+template <class Configure>
+std::vector<std::vector<std::string>> data_parallel_warnings(int ranks, Configure configure) {
+  auto groups = dist::ThreadProcessGroup::create(ranks);
+  std::vector<std::vector<std::string>> got(static_cast<size_t>(ranks));
+  auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
+    dist::DataParallelOptions o;
+    configure(r, o.same_settings);
+    o.same_settings.warn = [&, r](const std::string& m) { got[static_cast<size_t>(r)].push_back(m); };
+    dist::DataParallel dp(make_mlp(1), g, o);
+  });
+  rethrow_any(errors);
+  return got;
+}
+
 // Counts the collectives a wrapped group runs.
 class CountingGroup : public dist::ProcessGroup {
  public:
@@ -974,30 +990,18 @@ TEST_CASE("Same settings: agreeing ranks are silent, a disagreement is one warni
           "[dist][settings]") {
   const dist::NumericSettings base = dist::local_numeric_settings();
   SECTION("the real settings of thread ranks agree: no warning, no error") {
-    auto groups = dist::ThreadProcessGroup::create(3);
-    std::vector<std::vector<std::string>> got(3);
-    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
-      dist::DataParallelOptions o;
-      o.same_settings.mode = dist::SettingsCheck::Error;
-      o.same_settings.warn = [&, r](const std::string& m) { got[static_cast<size_t>(r)].push_back(m); };
-      dist::DataParallel dp(make_mlp(1), g, o);
+    const auto got = data_parallel_warnings(3, [](int, dist::SameSettingsOptions& o) {
+      o.mode = dist::SettingsCheck::Error;
     });
-    rethrow_any(errors);
     for (auto& g : got) CHECK(g.empty());
   }
   SECTION("OPENBLAS_CORETYPE and the thread count differ on rank 1") {
-    auto groups = dist::ThreadProcessGroup::create(2);
-    std::vector<std::vector<std::string>> got(2);
-    auto errors = run_ranks(groups, [&](int r, dist::ProcessGroup& g) {
-      dist::DataParallelOptions o;
-      o.same_settings.mode = dist::SettingsCheck::Warn;
+    const auto got = data_parallel_warnings(2, [&](int r, dist::SameSettingsOptions& o) {
+      o.mode = dist::SettingsCheck::Warn;
       auto s = with_setting(base, "OPENBLAS_CORETYPE", r == 0 ? std::optional<std::string>("ZEN") : std::nullopt);
       s = with_setting(s, "ember CPU threads", r == 0 ? "2" : "4");
-      o.same_settings.settings = s;
-      o.same_settings.warn = [&, r](const std::string& m) { got[static_cast<size_t>(r)].push_back(m); };
-      dist::DataParallel dp(make_mlp(1), g, o);
+      o.settings = s;
     });
-    rethrow_any(errors);
     REQUIRE(got[0].size() == 1);
     CHECK(got[1].empty());
     const std::string& m = got[0][0];

@@ -622,17 +622,9 @@ TEST_CASE("parity: linear_act (cuBLASLt epilogue), CPU versus CUDA", "[fused][cu
           AnyTensor b = with_bias ? Tensor<float>::randn({out}, Device::cpu(), 0.0, 0.5, gen).to(t) : AnyTensor();
           AnyTensor gy = Tensor<float>::randn({rows, out}, Device::cpu(), 0.0, 1.0, gen).to(t);
           auto run = [&](Device d) {
-            AnyTensor xd = x.to(d).detach(), wd = w.to(d).detach(), bd = b.defined() ? b.to(d).detach() : AnyTensor();
-            xd.set_requires_grad(true);
-            wd.set_requires_grad(true);
-            if (bd.defined()) bd.set_requires_grad(true);
-            AnyTensor y = op::linear_act(xd, wd, bd, act);
-            y.backward(gy.to(d));
-            std::vector<std::vector<double>> r{y.to(Device::cpu()).to_double_vector(),
-                                               xd.grad().to(Device::cpu()).to_double_vector(),
-                                               wd.grad().to(Device::cpu()).to_double_vector()};
-            if (bd.defined()) r.push_back(bd.grad().to(Device::cpu()).to_double_vector());
-            return r;
+            return output_and_grads_on(d, x, w, b, gy, [&](const AnyTensor& xd, const AnyTensor& wd, const AnyTensor& bd) {
+              return op::linear_act(xd, wd, bd, act);
+            });
           };
           auto c = run(Device::cpu()), g = run(Device::cuda(0));
           // fp32: GEMMs in another order, and cuBLASLt's own GELU; fp16/bf16: one rounding step

@@ -16,6 +16,7 @@
 #include <ember/profile/profiler.hpp>
 #include <ember/profile/step_log.hpp>
 
+#include "temp_dir.hpp"
 #include "test_util.hpp"
 
 using namespace ember;
@@ -23,12 +24,6 @@ using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("ember_test_metrics_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   std::ostringstream s;
@@ -121,7 +116,8 @@ TEST_CASE("event encoding: scalars and text decode back, malformed protobuf is a
 }
 
 TEST_CASE("metrics logger: JSON lines, CSV, event file and hparams.json", "[log][metrics]") {
-  fs::path dir = temp_dir("sinks");
+  const testing::TempDir tmp("ember_test_metrics_sinks");
+  const fs::path& dir = tmp.path;
   fs::path event_path;
   {
     logging::MetricsLogger log(dir / "run");
@@ -182,7 +178,6 @@ TEST_CASE("metrics logger: JSON lines, CSV, event file and hparams.json", "[log]
   for (auto& f : fs::directory_iterator(dir / "run"))
     if (f.path().filename().string().find("tfevents") != std::string::npos) ++event_files;
   CHECK(event_files == 2);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("metrics logger: the Python tensorboard package reads the event file", "[log][metrics][python]") {
@@ -191,7 +186,8 @@ TEST_CASE("metrics logger: the Python tensorboard package reads the event file",
     std::printf("SKIPPED: no Python interpreter configured (EMBER_PYTHON)\n");
     return;
   }
-  fs::path dir = temp_dir("tensorboard");
+  const testing::TempDir tmp("ember_test_metrics_tensorboard");
+  const fs::path& dir = tmp.path;
   {
     logging::MetricsLogger log(dir, {.jsonl = false, .csv = false});
     for (int step = 0; step < 5; ++step) log.log_scalars(step, {{"loss", 2.0 - 0.25 * step}, {"lr", 0.1}});
@@ -233,7 +229,6 @@ print("RESULT " + json.dumps(out))
   const auto [out, rc] = testing::run_command(cmd);
   if (out.find("SKIPPED: ") != std::string::npos) {
     std::printf("%s", out.c_str());
-    fs::remove_all(dir);
     return;
   }
   INFO(out);
@@ -259,11 +254,11 @@ print("RESULT " + json.dumps(out))
         CHECK(ev["step"] == 2);
       }
   CHECK(text_seen);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("metrics logger: step report figures as scalars", "[log][metrics][profile]") {
-  fs::path dir = temp_dir("figures");
+  const testing::TempDir tmp("ember_test_metrics_figures");
+  const fs::path& dir = tmp.path;
   profile::StepFigures f;
   f.step_ms = 10;
   f.data_wait_ms = 2;
@@ -285,11 +280,11 @@ TEST_CASE("metrics logger: step report figures as scalars", "[log][metrics][prof
   CHECK(j["profile/samples_per_second"] == 640.0);
   CHECK(j["profile/peak_memory_mib"] == 1.0);
   CHECK_FALSE(j.contains("profile/device_busy"));  // unknown figures are not logged
-  fs::remove_all(dir);
 }
 
 TEST_CASE("metrics logger: errors name the folder or the problem", "[log][metrics][errors]") {
-  fs::path dir = temp_dir("errors");
+  const testing::TempDir tmp("ember_test_metrics_errors");
+  const fs::path& dir = tmp.path;
   std::ofstream(dir / "a_file") << "x";
   REQUIRE_THROWS_AS(logging::MetricsLogger(dir / "a_file"), IOError);
   REQUIRE_THROWS_WITH(logging::MetricsLogger(dir / "a_file" / "sub"), Contains("cannot create the log folder") &&
@@ -298,11 +293,11 @@ TEST_CASE("metrics logger: errors name the folder or the problem", "[log][metric
   REQUIRE_THROWS_WITH(log.log_scalar(0, "", 1.0), Contains("tag must not be empty"));
   log.close();
   REQUIRE_THROWS_WITH(log.log_scalar(0, "x", 1.0), Contains("is closed"));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("metrics logger: concurrent loggers' lines never interleave", "[log][metrics]") {
-  fs::path dir = temp_dir("threads");
+  const testing::TempDir tmp("ember_test_metrics_threads");
+  const fs::path& dir = tmp.path;
   {
     logging::MetricsLogger log(dir, {.csv = false, .tensorboard = false});
     std::vector<std::thread> ts;
@@ -316,5 +311,4 @@ TEST_CASE("metrics logger: concurrent loggers' lines never interleave", "[log][m
   int n = 0;
   for (std::string l; std::getline(jl, l); ++n) REQUIRE_NOTHROW(nlohmann::json::parse(l));
   CHECK(n == 200);
-  fs::remove_all(dir);
 }

@@ -43,6 +43,14 @@ void randomize(nn::Module& m, uint64_t seed, double mean = 0.0, double std = 0.5
   for (auto& p : m.parameters()) nn::init::normal_(p, mean, std, gen);
 }
 
+// The gradients of m's forward (its parameters included) at a random input of `shape` (from
+// `seed`) against finite differences.
+template <class M>
+void check_forward_gradients(M& m, const Shape& shape, uint64_t seed) {
+  CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return m.forward_any(in[0]); },
+                         testing::random_inputs({shape}, seed), m);
+}
+
 // Rows of length `row` normalised with the biased variance, then * w + b (w, b of length row).
 std::vector<double> layer_norm_ref(const std::vector<double>& x, size_t row, const std::vector<double>& w,
                                    const std::vector<double>& b, double eps = 1e-5) {
@@ -230,10 +238,8 @@ TEST_CASE("LayerNorm: gradients in double, parameters included (3 seeds)", "[nn]
   for (uint64_t seed : {1, 2, 3}) {
     randomize(ln, seed, 1.0, 0.5);
     randomize(ln1, seed + 7, 1.0, 0.5);
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return ln.forward_any(in[0]); },
-                           testing::random_inputs({{3, 2, 3}}, seed), ln);
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return ln1.forward_any(in[0]); },
-                           testing::random_inputs({{4, 5}}, seed), ln1);
+    check_forward_gradients(ln, {3, 2, 3}, seed);
+    check_forward_gradients(ln1, {4, 5}, seed);
   }
 }
 
@@ -357,20 +363,15 @@ TEST_CASE("BatchNorm: gradients in double through the batch statistics (train) a
     bn1.train();
     bn2.train();
     INFO("seed " << seed << " (train)");
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return bn1.forward_any(in[0]); },
-                           testing::random_inputs({{4, 3}}, seed), bn1);
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return bn1.forward_any(in[0]); },
-                           testing::random_inputs({{3, 3, 2}}, seed), bn1);
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return bn2.forward_any(in[0]); },
-                           testing::random_inputs({{2, 2, 2, 3}}, seed), bn2);
+    check_forward_gradients(bn1, {4, 3}, seed);
+    check_forward_gradients(bn1, {3, 3, 2}, seed);
+    check_forward_gradients(bn2, {2, 2, 2, 3}, seed);
     // Eval, with running statistics that are not the initial 0 / 1.
     bn1.eval();
     bn2.eval();
     INFO("seed " << seed << " (eval)");
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return bn1.forward_any(in[0]); },
-                           testing::random_inputs({{4, 3}}, seed), bn1);
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return bn2.forward_any(in[0]); },
-                           testing::random_inputs({{2, 2, 2, 3}}, seed), bn2);
+    check_forward_gradients(bn1, {4, 3}, seed);
+    check_forward_gradients(bn2, {2, 2, 2, 3}, seed);
   }
   CHECK(host(bn1.running_mean) != std::vector<double>(3, 0.0));
 }
@@ -693,8 +694,7 @@ TEST_CASE("TransformerBlock: gradients in double, every parameter (3 seeds)", "[
   for (uint64_t seed : {1, 2, 3}) {
     randomize(blk, seed, 0.1, 0.5);
     INFO("seed " << seed);
-    CHECK_MODULE_GRADIENTS([&](const std::vector<AnyTensor>& in) { return blk.forward_any(in[0]); },
-                           testing::random_inputs({{2, 3, 4}}, seed), blk);
+    check_forward_gradients(blk, {2, 3, 4}, seed);
   }
 }
 

@@ -167,17 +167,9 @@ TEST_CASE("parity: fused layer_norm and rms_norm kernels, CPU versus CUDA", "[no
         AnyTensor b = rms ? AnyTensor() : Tensor<float>::randn({cols}, Device::cpu(), 0.0, 0.5, gen).to(t);
         AnyTensor gy = Tensor<float>::randn({rows, cols}, Device::cpu(), 0.0, 1.0, gen).to(t);
         auto run = [&](Device d) {
-          AnyTensor xd = x.to(d).detach(), wd = w.to(d).detach(), bd = b.defined() ? b.to(d).detach() : AnyTensor();
-          xd.set_requires_grad(true);
-          wd.set_requires_grad(true);
-          if (bd.defined()) bd.set_requires_grad(true);
-          AnyTensor y = rms ? op::rms_norm(xd, cols, wd, 1e-5) : op::layer_norm(xd, cols, wd, bd, 1e-5);
-          y.backward(gy.to(d));
-          std::vector<std::vector<double>> out{y.to(Device::cpu()).to_double_vector(),
-                                               xd.grad().to(Device::cpu()).to_double_vector(),
-                                               wd.grad().to(Device::cpu()).to_double_vector()};
-          if (bd.defined()) out.push_back(bd.grad().to(Device::cpu()).to_double_vector());
-          return out;
+          return output_and_grads_on(d, x, w, b, gy, [&](const AnyTensor& xd, const AnyTensor& wd, const AnyTensor& bd) {
+            return rms ? op::rms_norm(xd, cols, wd, 1e-5) : op::layer_norm(xd, cols, wd, bd, 1e-5);
+          });
         };
         auto c = run(Device::cpu()), g = run(Device::cuda(0));
         INFO(dtype_name(t) << " " << rows << "x" << cols << " rms " << rms);

@@ -22,6 +22,7 @@
 #include <ember/profile/profiler.hpp>
 
 #include "pretend_gpu.hpp"
+#include "temp_dir.hpp"
 
 using namespace ember;
 using Catch::Contains;
@@ -60,13 +61,6 @@ std::vector<const profile::Event*> named(const profile::Profiler& p, const std::
   for (const auto& e : p.events())
     if (e.name == name) out.push_back(&e);
   return out;
-}
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("ember_test_profiler_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
 }
 
 nlohmann::json read_json(const fs::path& p) {
@@ -276,34 +270,37 @@ TEST_CASE("profiler: the step report's average is over the last `window` steps",
   CHECK(p.average_begin_ns() == p.origin_ns() + steps[5].begin_ns);
   CHECK(p.average_end_ns() == p.origin_ns() + steps[7].end_ns);
 
+  // n steps of one small op each, recorded by a profiler; the mean duration in ms of its steps
+  // [first, end), summed as the profiler's average.
+  auto record_steps = [](profile::Profiler& s, int n) {
+    s.start();
+    for (int i = 0; i < n; ++i) {
+      (void)relu(Tensor<float>::ones({64}));
+      s.step(1);
+    }
+    s.stop();
+  };
+  auto mean_step_ms = [](const profile::Profiler& s, size_t first, size_t end) {
+    double ms = 0;
+    for (size_t i = first; i < end; ++i)
+      ms += static_cast<double>(s.steps()[i].duration_ns()) * 1e-6 / static_cast<double>(end - first);
+    return ms;
+  };
+
   // Fewer steps than the window: all of them but the first (warm-up).
   profile::Profiler q({.window = 10});
-  q.start();
-  for (int i = 0; i < 4; ++i) {
-    (void)relu(Tensor<float>::ones({64}));
-    q.step(1);
-  }
-  q.stop();
+  record_steps(q, 4);
   REQUIRE(q.steps().size() == 4);
-  double q_ms = 0;
-  for (size_t i = 1; i < 4; ++i) q_ms += static_cast<double>(q.steps()[i].duration_ns()) * 1e-6 / 3.0;
-  CHECK(q.average_figures().step_ms == Approx(q_ms).epsilon(1e-12));
+  CHECK(q.average_figures().step_ms == Approx(mean_step_ms(q, 1, 4)).epsilon(1e-12));
   CHECK(q.average_begin_ns() == q.origin_ns() + q.steps()[1].begin_ns);
   CHECK(q.average_end_ns() == q.origin_ns() + q.steps()[3].end_ns);
 
   // A session that starts after the caller's own warm-up (the Trainer's profile window): its
   // first step counts, so a window of 3 steps averages 3.
   profile::Profiler r({.window = 3, .first_step_is_warmup = false});
-  r.start();
-  for (int i = 0; i < 3; ++i) {
-    (void)relu(Tensor<float>::ones({64}));
-    r.step(1);
-  }
-  r.stop();
+  record_steps(r, 3);
   REQUIRE(r.steps().size() == 3);
-  double r_ms = 0;
-  for (size_t i = 0; i < 3; ++i) r_ms += static_cast<double>(r.steps()[i].duration_ns()) * 1e-6 / 3.0;
-  CHECK(r.average_figures().step_ms == Approx(r_ms).epsilon(1e-12));
+  CHECK(r.average_figures().step_ms == Approx(mean_step_ms(r, 0, 3)).epsilon(1e-12));
   CHECK(r.average_begin_ns() == r.origin_ns() + r.steps()[0].begin_ns);
   // The breakdown is the report without its verdict.
   const std::string full = r.step_report(), breakdown = r.step_breakdown();
@@ -374,7 +371,8 @@ TEST_CASE("profiler: memory peak per range and per phase", "[profile]") {
 }
 
 TEST_CASE("profiler: the Chrome trace parses back, with thread tracks and nested events", "[profile][trace]") {
-  fs::path dir = temp_dir("trace");
+  const testing::TempDir tmp("ember_test_profiler_trace");
+  const fs::path& dir = tmp.path;
   Net net;
   Tensor<float> x = Tensor<float>::ones({2, 8});
   profile::Profiler p({.trace_path = (dir / "trace.json").string()});
@@ -421,7 +419,6 @@ TEST_CASE("profiler: the Chrome trace parses back, with thread tracks and nested
   CHECK(inner["ts"].get<double>() + inner["dur"].get<double>() <=
         outer["ts"].get<double>() + outer["dur"].get<double>() + 0.002);
   CHECK(by_name.count("ProfilerStep#0"));
-  fs::remove_all(dir);
 }
 
 namespace {
@@ -434,7 +431,8 @@ void profiled_work_that_throws(profile::Profiler& p) {
 }  // namespace
 
 TEST_CASE("profiler: the trace is valid JSON when the program throws mid-profile", "[profile][trace]") {
-  fs::path dir = temp_dir("throw");
+  const testing::TempDir tmp("ember_test_profiler_throw");
+  const fs::path& dir = tmp.path;
   profile::Profiler p({.trace_path = (dir / "t.json").string()});
   REQUIRE_THROWS_AS(profiled_work_that_throws(p), ValueError);
   REQUIRE_FALSE(p.is_recording());
@@ -454,7 +452,6 @@ TEST_CASE("profiler: the trace is valid JSON when the program throws mid-profile
     ++files;
   }
   CHECK(files == 1);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("profiler: a range open on another thread at stop() is closed as unfinished", "[profile][trace]") {
@@ -663,16 +660,21 @@ struct InstallTimedGpu {
   }
   ~InstallTimedGpu() { register_cuda_backend(saved, count); }
 };
+
+// The tests that install a pretend cuda:0 skip (and say so) where a real GPU is present.
+bool skip_on_real_gpu() {
+  if (!cuda::is_available()) return false;
+  std::printf("SKIPPED: a real GPU is present (this test installs a pretend cuda:0)\n");
+  return true;
+}
 }  // namespace
 
 TEST_CASE("profiler: device time from timing events, read back once per step", "[profile][device]") {
-  if (cuda::is_available()) {
-    std::printf("SKIPPED: a real GPU is present (this test installs a pretend cuda:0)\n");
-    return;
-  }
+  if (skip_on_real_gpu()) return;
   InstallTimedGpu install;
   Tensor<float> a = Tensor<float>::ones({32, 32}).to(Device::cuda(0));
-  fs::path dir = temp_dir("device");
+  const testing::TempDir tmp("ember_test_profiler_device");
+  const fs::path& dir = tmp.path;
   profile::Profiler p({.trace_path = (dir / "t.json").string()});
   p.start();
   for (int step = 0; step < 2; ++step) {
@@ -717,7 +719,6 @@ TEST_CASE("profiler: device time from timing events, read back once per step", "
   for (const auto& e : j["traceEvents"])
     if (e["ph"] == "X" && e["pid"] == 1) ++device_events;
   CHECK(device_events == 4);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("profiler: tensor methods that copy or cast are ops with names, shapes and dtypes", "[profile]") {
@@ -764,14 +765,12 @@ TEST_CASE("profiler: tensor methods that copy or cast are ops with names, shapes
 }
 
 TEST_CASE("profiler: device copies are to_device ops, in the trace with dtypes", "[profile][device]") {
-  if (cuda::is_available()) {
-    std::printf("SKIPPED: a real GPU is present (this test installs a pretend cuda:0)\n");
-    return;
-  }
+  if (skip_on_real_gpu()) return;
   testing::PretendGpu gpu;
   REQUIRE(gpu.active);
   Tensor<float> a = Tensor<float>::ones({2, 5});
-  fs::path dir = temp_dir("to_device");
+  const testing::TempDir tmp("ember_test_profiler_to_device");
+  const fs::path& dir = tmp.path;
   profile::Profiler p({.trace_path = (dir / "t.json").string()});
   p.start();
   Tensor<float> g = a.to(Device::cuda(0));
@@ -793,7 +792,6 @@ TEST_CASE("profiler: device copies are to_device ops, in the trace with dtypes",
       CHECK(e["args"]["input_dtypes"] == "[float32]");
     }
   CHECK(found == 2);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("profiler: GPU ops on other threads have no device time and leave the step's alone", "[profile][device]") {
@@ -802,10 +800,7 @@ TEST_CASE("profiler: GPU ops on other threads have no device time and leave the 
   // events of a worker's op includes whatever other threads queued in between, so it cannot be
   // attributed, and a worker recording events would also race with the step thread returning the
   // pool at the step's end. So workers record none; their ops keep host times only.
-  if (cuda::is_available()) {
-    std::printf("SKIPPED: a real GPU is present (this test installs a pretend cuda:0)\n");
-    return;
-  }
+  if (skip_on_real_gpu()) return;
   InstallTimedGpu install;
   Tensor<float> a = Tensor<float>::ones({16, 16}).to(Device::cuda(0));
   profile::Profiler p;

@@ -1,7 +1,7 @@
 #pragma once
 // Small helpers shared by the test files: double tensors from literals, values out, closeness
-// checks, seeded random inputs, exact comparisons (bytes, bits), an exception's message, and a
-// guard that restores the thread count.
+// checks, seeded random inputs, exact comparisons (bytes, bits), an exception's message, an op's
+// output and gradients on a device, and a guard that restores the thread count.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -126,6 +126,25 @@ inline CommandOutput run_command(const std::string& cmd) {
   while (std::fgets(buf, sizeof buf, p)) r.out += buf;
   r.status = ::pclose(p);
   return r;
+}
+
+// For CPU-versus-device parity of a layer-like op y = f(x, w, b): f on copies of the CPU tensors
+// x, w and b (b may be undefined) on device d, then backward with the upstream gradient gy. Returns
+// y and the gradients of x, w (and b where defined), on the CPU as doubles.
+template <class F>
+std::vector<std::vector<double>> output_and_grads_on(Device d, const AnyTensor& x, const AnyTensor& w,
+                                                     const AnyTensor& b, const AnyTensor& gy, F&& f) {
+  AnyTensor xd = x.to(d).detach(), wd = w.to(d).detach(), bd = b.defined() ? b.to(d).detach() : AnyTensor();
+  xd.set_requires_grad(true);
+  wd.set_requires_grad(true);
+  if (bd.defined()) bd.set_requires_grad(true);
+  AnyTensor y = f(xd, wd, bd);
+  y.backward(gy.to(d));
+  std::vector<std::vector<double>> out{y.to(Device::cpu()).to_double_vector(),
+                                       xd.grad().to(Device::cpu()).to_double_vector(),
+                                       wd.grad().to(Device::cpu()).to_double_vector()};
+  if (bd.defined()) out.push_back(bd.grad().to(Device::cpu()).to_double_vector());
+  return out;
 }
 
 // Restores the thread count a test changed.

@@ -5,18 +5,18 @@ set(_config_args "")
 if(CONFIG)
   set(_config_args --config "${CONFIG}")
 endif()
-execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${TARGET}" ${_config_args}
-                RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
-if(NOT _rc EQUAL 0)
-  message(FATAL_ERROR "building ${TARGET} failed: a public header does not compile on its own\n${_out}")
-endif()
-# The second compiler's check (clang++ with libc++), when it is configured.
-if(CLANG_TARGET)
-  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${CLANG_TARGET}" ${_config_args}
+# Builds `target`; where that fails, stops with the build's output (`with` names the compiler).
+function(_build_or_fail target with)
+  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${target}" ${_config_args}
                   RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
   if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "building ${CLANG_TARGET} failed: a public header does not compile on its own with clang++\n${_out}")
+    message(FATAL_ERROR "building ${target} failed: a public header does not compile on its own${with}\n${_out}")
   endif()
+endfunction()
+_build_or_fail("${TARGET}" "")
+# The second compiler's check (clang++ with libc++), when it is configured.
+if(CLANG_TARGET)
+  _build_or_fail("${CLANG_TARGET}" " with clang++")
   if(CLANG_EACH)
     message("the public headers also compile on their own with clang++ and libc++")
   else()

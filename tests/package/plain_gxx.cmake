@@ -14,6 +14,14 @@ file(REMOVE_RECURSE "${BINARY_DIR}")
 file(MAKE_DIRECTORY "${BINARY_DIR}")
 set(_exe "${BINARY_DIR}/plain_consumer")
 
+# Runs a command (ARGN); where it fails, stops with "<what>:" and what it printed.
+function(_run_or_fail what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "${what}:\n${_out}")
+  endif()
+endfunction()
+
 # The headers it reads: none may come from the CUDA toolkit, cuDNN or NCCL.
 execute_process(COMMAND "${CXX}" -std=c++20 "-I${INCLUDE_DIR}" -M "${SOURCE}"
                 RESULT_VARIABLE _rc OUTPUT_VARIABLE _deps ERROR_VARIABLE _err)
@@ -38,26 +46,16 @@ if(COMPILED)
     get_filename_component(_name "${_src}" NAME_WE)
     set(_obj "${BINARY_DIR}/${_name}.o")
     message("-- ${CXX} -std=c++20 -O1 -DEMBER_COMPILED_LIB -I${INCLUDE_DIR} -c ${_src} -o ${_obj}")
-    execute_process(COMMAND "${CXX}" -std=c++20 -O1 -DEMBER_COMPILED_LIB "-I${INCLUDE_DIR}" -c "${_src}" -o "${_obj}"
-                    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
-    if(NOT _rc EQUAL 0)
-      message(FATAL_ERROR "compiling the library source ${_src} failed:\n${_out}")
-    endif()
+    _run_or_fail("compiling the library source ${_src} failed"
+                 "${CXX}" -std=c++20 -O1 -DEMBER_COMPILED_LIB "-I${INCLUDE_DIR}" -c "${_src}" -o "${_obj}")
     list(APPEND _objects "${_obj}")
   endforeach()
-  execute_process(COMMAND ar rcs "${BINARY_DIR}/libember.a" ${_objects} RESULT_VARIABLE _rc ERROR_VARIABLE _out)
-  if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "ar failed:\n${_out}")
-  endif()
+  _run_or_fail("ar failed" ar rcs "${BINARY_DIR}/libember.a" ${_objects})
   set(_libs "${BINARY_DIR}/libember.a")
 endif()
 
 message("-- ${CXX} -std=c++20 ${_defs} -I${INCLUDE_DIR} ${SOURCE} ${_libs} -o ${_exe}")
-execute_process(COMMAND "${CXX}" -std=c++20 ${_defs} "-I${INCLUDE_DIR}" "${SOURCE}" ${_libs} -o "${_exe}"
-                RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
-if(NOT _rc EQUAL 0)
-  message(FATAL_ERROR "plain compile failed:\n${_out}")
-endif()
+_run_or_fail("plain compile failed" "${CXX}" -std=c++20 ${_defs} "-I${INCLUDE_DIR}" "${SOURCE}" ${_libs} -o "${_exe}")
 execute_process(COMMAND "${_exe}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
 message("${_out}")
 if(NOT _rc EQUAL 0)
