@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/core/named_list.hpp"
 #include "ember/core/trace.hpp"
 #include "ember/ops/ops.hpp"
 
@@ -42,45 +43,30 @@ class Hyperparams {
   Hyperparams(std::initializer_list<std::pair<std::string, double>> items) {
     for (const auto& [k, v] : items) set(k, v);
   }
-  bool contains(const std::string& name) const { return find(name) != nullptr; }
+  bool contains(const std::string& name) const { return items_.find(name) != nullptr; }
   double at(const std::string& name) const {
-    const double* v = find(name);
+    const double* v = items_.find(name);
     EMBER_CHECK(v != nullptr, ValueError, "param group has no hyperparameter '", name, "' (it has ", names(), ")");
     return *v;
   }
   // An existing hyperparameter, for assignment: group["lr"] = 0.01. Unknown names are an error (a
   // typo must not silently add a key the optimizer never reads).
   double& operator[](const std::string& name) {
-    double* v = const_cast<double*>(find(name));
+    double* v = items_.find(name);
     EMBER_CHECK(v != nullptr, ValueError, "param group has no hyperparameter '", name, "' (it has ", names(), ")");
     return *v;
   }
   // Adds or replaces.
-  void set(const std::string& name, double value) {
-    if (double* v = const_cast<double*>(find(name))) {
-      *v = value;
-    } else {
-      items_.emplace_back(name, value);
-    }
-  }
-  const std::vector<std::pair<std::string, double>>& items() const { return items_; }
-  auto begin() const { return items_.begin(); }
-  auto end() const { return items_.end(); }
+  void set(const std::string& name, double value) { items_.set(name, value); }
+  const std::vector<std::pair<std::string, double>>& items() const { return items_.entries(); }
+  auto begin() const { return items().begin(); }
+  auto end() const { return items().end(); }
   size_t size() const { return items_.size(); }
-  std::string names() const {
-    std::string s;
-    for (const auto& [k, v] : items_) s += (s.empty() ? "" : ", ") + k;
-    return s;
-  }
+  std::string names() const { return items_.names(); }
   bool operator==(const Hyperparams& o) const { return items_ == o.items_; }
 
  private:
-  const double* find(const std::string& name) const {
-    for (const auto& [k, v] : items_)
-      if (k == name) return &v;
-    return nullptr;
-  }
-  std::vector<std::pair<std::string, double>> items_;
+  NamedList<double> items_;
 };
 
 struct ParamGroup {
