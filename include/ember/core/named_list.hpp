@@ -1,6 +1,7 @@
 #pragma once
 // NamedList<V>: values by name in insertion order, looked up by a linear search (they hold a
 // handful of entries). data::Example's fields and optim::Hyperparams are NamedLists.
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,12 @@ template <class V>
 class NamedList {
  public:
   using Entry = std::pair<std::string, V>;
+
+  NamedList() = default;
+  // The entries set in order: a repeated name keeps its first place and its last value.
+  NamedList(std::initializer_list<Entry> entries) {
+    for (const auto& [k, v] : entries) set(k, v);
+  }
 
   // Adds the entry, or replaces the value of the one of that name (which keeps its place).
   void set(const std::string& name, V value) {

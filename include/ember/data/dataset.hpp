@@ -21,9 +21,7 @@ namespace ember::data {
 class Example {
  public:
   Example() = default;
-  Example(std::initializer_list<std::pair<std::string, AnyTensor>> fields) {
-    for (const auto& f : fields) set(f.first, f.second);
-  }
+  Example(std::initializer_list<std::pair<std::string, AnyTensor>> fields) : fields_(fields) {}
 
   // Adds the field, or replaces the one of that name.
   void set(const std::string& name, AnyTensor t) { fields_.set(name, std::move(t)); }

@@ -37,36 +37,25 @@
 namespace ember::optim {
 
 // Hyperparameters of one parameter group, by name, in insertion order (torch's dict order).
-class Hyperparams {
+class Hyperparams : public NamedList<double> {
  public:
-  Hyperparams() = default;
-  Hyperparams(std::initializer_list<std::pair<std::string, double>> items) {
-    for (const auto& [k, v] : items) set(k, v);
-  }
-  bool contains(const std::string& name) const { return items_.find(name) != nullptr; }
+  using NamedList::NamedList;
+  bool contains(const std::string& name) const { return find(name) != nullptr; }
   double at(const std::string& name) const {
-    const double* v = items_.find(name);
+    const double* v = find(name);
     EMBER_CHECK(v != nullptr, ValueError, "param group has no hyperparameter '", name, "' (it has ", names(), ")");
     return *v;
   }
   // An existing hyperparameter, for assignment: group["lr"] = 0.01. Unknown names are an error (a
   // typo must not silently add a key the optimizer never reads).
   double& operator[](const std::string& name) {
-    double* v = items_.find(name);
+    double* v = find(name);
     EMBER_CHECK(v != nullptr, ValueError, "param group has no hyperparameter '", name, "' (it has ", names(), ")");
     return *v;
   }
-  // Adds or replaces.
-  void set(const std::string& name, double value) { items_.set(name, value); }
-  const std::vector<std::pair<std::string, double>>& items() const { return items_.entries(); }
+  const std::vector<std::pair<std::string, double>>& items() const { return entries(); }
   auto begin() const { return items().begin(); }
   auto end() const { return items().end(); }
-  size_t size() const { return items_.size(); }
-  std::string names() const { return items_.names(); }
-  bool operator==(const Hyperparams& o) const { return items_ == o.items_; }
-
- private:
-  NamedList<double> items_;
 };
 
 struct ParamGroup {
