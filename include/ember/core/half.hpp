@@ -2,8 +2,8 @@
 // Storage types for IEEE fp16 (`ember::half`) and bfloat16 (`ember::bfloat16`). Both hold 16 raw
 // bits and convert to and from float in software with round-to-nearest-even, so they work in any
 // C++20 compiler; CUDA kernels reinterpret the same bits as __half / __nv_bfloat16.
+#include <bit>
 #include <cstdint>
-#include <cstring>
 #include <ostream>
 
 #include "ember/core/macros.hpp"
@@ -11,24 +11,8 @@
 namespace ember {
 
 namespace detail {
-EMBER_HD inline uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-EMBER_HD inline float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+EMBER_HD inline uint32_t float_bits(float f) { return std::bit_cast<uint32_t>(f); }
+EMBER_HD inline float bits_float(uint32_t u) { return std::bit_cast<float>(u); }
 
 EMBER_HD inline uint16_t float_to_half_bits(float f) {
   uint32_t x = float_bits(f);
