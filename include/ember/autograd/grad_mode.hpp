@@ -13,6 +13,20 @@ inline bool& inference_mode_flag() {
   thread_local bool enabled = false;
   return enabled;
 }
+
+// Sets a thread-local flag for a scope and restores its previous value on destruction, also during
+// unwinding: what every guard of such a flag does.
+class ScopedFlag {
+ public:
+  ScopedFlag(bool& flag, bool value) : flag_(flag), previous_(flag) { flag = value; }
+  ~ScopedFlag() { flag_ = previous_; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+
+ private:
+  bool& flag_;
+  bool previous_;
+};
 }  // namespace detail
 
 // Inference mode is on for this thread (an InferenceModeGuard(true) is the innermost one alive).
@@ -23,31 +37,17 @@ inline bool is_inference_mode_enabled() { return detail::inference_mode_flag(); 
 inline bool is_grad_enabled() { return detail::grad_enabled_flag() && !detail::inference_mode_flag(); }
 
 // While alive, ops record nothing (inference, optimizer updates, backward functions).
-class NoGradGuard {
+class NoGradGuard : detail::ScopedFlag {
  public:
-  NoGradGuard() : previous_(detail::grad_enabled_flag()) { detail::grad_enabled_flag() = false; }
-  ~NoGradGuard() { detail::grad_enabled_flag() = previous_; }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
-
- private:
-  bool previous_;
+  NoGradGuard() : ScopedFlag(detail::grad_enabled_flag(), false) {}
 };
 
 // Sets grad mode to a given value for a scope (EnableGradGuard(true) inside a NoGradGuard).
 // Inside an InferenceModeGuard it changes the grad-mode flag but records nothing until the
 // inference scope ends.
-class GradModeGuard {
+class GradModeGuard : detail::ScopedFlag {
  public:
-  explicit GradModeGuard(bool enabled) : previous_(detail::grad_enabled_flag()) {
-    detail::grad_enabled_flag() = enabled;
-  }
-  ~GradModeGuard() { detail::grad_enabled_flag() = previous_; }
-  GradModeGuard(const GradModeGuard&) = delete;
-  GradModeGuard& operator=(const GradModeGuard&) = delete;
-
- private:
-  bool previous_;
+  explicit GradModeGuard(bool enabled) : ScopedFlag(detail::grad_enabled_flag(), enabled) {}
 };
 
 // torch.inference_mode: while alive, no op records a graph node, so no output has a grad_fn and
@@ -58,17 +58,9 @@ class GradModeGuard {
 // as torch.inference_mode(False) does. Per thread; nests; restores the previous state on
 // destruction, also during unwinding. Tensors made inside are ordinary tensors (ember has no
 // separate "inference tensor" kind): they may be used with autograd after the scope, as leaves.
-class InferenceModeGuard {
+class InferenceModeGuard : detail::ScopedFlag {
  public:
-  explicit InferenceModeGuard(bool enabled = true) : previous_(detail::inference_mode_flag()) {
-    detail::inference_mode_flag() = enabled;
-  }
-  ~InferenceModeGuard() { detail::inference_mode_flag() = previous_; }
-  InferenceModeGuard(const InferenceModeGuard&) = delete;
-  InferenceModeGuard& operator=(const InferenceModeGuard&) = delete;
-
- private:
-  bool previous_;
+  explicit InferenceModeGuard(bool enabled = true) : ScopedFlag(detail::inference_mode_flag(), enabled) {}
 };
 
 }  // namespace ember

@@ -2,8 +2,8 @@
 // Storage types for IEEE fp16 (`ember::half`) and bfloat16 (`ember::bfloat16`). Both hold 16 raw
 // bits and convert to and from float in software with round-to-nearest-even, so they work in any
 // C++20 compiler; CUDA kernels reinterpret the same bits as __half / __nv_bfloat16.
+#include <bit>
 #include <cstdint>
-#include <cstring>
 #include <ostream>
 
 #include "ember/core/macros.hpp"
@@ -11,24 +11,8 @@
 namespace ember {
 
 namespace detail {
-EMBER_HD inline uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-EMBER_HD inline float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+EMBER_HD inline uint32_t float_bits(float f) { return std::bit_cast<uint32_t>(f); }
+EMBER_HD inline float bits_float(uint32_t u) { return std::bit_cast<float>(u); }
 
 EMBER_HD inline uint16_t float_to_half_bits(float f) {
   uint32_t x = float_bits(f);
@@ -67,34 +51,31 @@ EMBER_HD inline uint16_t float_to_bf16_bits(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 EMBER_HD inline float bf16_bits_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
-}  // namespace detail
 
-struct half {
+// What half and bfloat16 share: 16 raw bits, converted from and to float by the format's ToBits
+// and ToFloat (Self: the type itself, which from_bits returns).
+template <class Self, uint16_t (*ToBits)(float), float (*ToFloat)(uint16_t)>
+struct Float16Storage {
   uint16_t bits = 0;
-  half() = default;
-  EMBER_HD half(float f) : bits(detail::float_to_half_bits(f)) {}
-  EMBER_HD explicit half(double d) : half(static_cast<float>(d)) {}
-  EMBER_HD explicit half(int i) : half(static_cast<float>(i)) {}
-  EMBER_HD operator float() const { return detail::half_bits_to_float(bits); }
-  EMBER_HD static half from_bits(uint16_t b) {
-    half h;
+  Float16Storage() = default;
+  EMBER_HD Float16Storage(float f) : bits(ToBits(f)) {}
+  EMBER_HD explicit Float16Storage(double d) : Float16Storage(static_cast<float>(d)) {}
+  EMBER_HD explicit Float16Storage(int i) : Float16Storage(static_cast<float>(i)) {}
+  EMBER_HD operator float() const { return ToFloat(bits); }
+  EMBER_HD static Self from_bits(uint16_t b) {
+    Self h;
     h.bits = b;
     return h;
   }
 };
+}  // namespace detail
 
-struct bfloat16 {
-  uint16_t bits = 0;
-  bfloat16() = default;
-  EMBER_HD bfloat16(float f) : bits(detail::float_to_bf16_bits(f)) {}
-  EMBER_HD explicit bfloat16(double d) : bfloat16(static_cast<float>(d)) {}
-  EMBER_HD explicit bfloat16(int i) : bfloat16(static_cast<float>(i)) {}
-  EMBER_HD operator float() const { return detail::bf16_bits_to_float(bits); }
-  EMBER_HD static bfloat16 from_bits(uint16_t b) {
-    bfloat16 h;
-    h.bits = b;
-    return h;
-  }
+struct half : detail::Float16Storage<half, detail::float_to_half_bits, detail::half_bits_to_float> {
+  using Float16Storage::Float16Storage;
+};
+
+struct bfloat16 : detail::Float16Storage<bfloat16, detail::float_to_bf16_bits, detail::bf16_bits_to_float> {
+  using Float16Storage::Float16Storage;
 };
 
 inline std::ostream& operator<<(std::ostream& os, half h) { return os << static_cast<float>(h); }

@@ -110,13 +110,27 @@ inline ExternalRanges& external_ranges() {
   return r;
 }
 
+// The base of the scopes below (and of the op, module and range scopes above core): the listener
+// installed when the scope began, null when none, so that the scope's end goes to the same
+// listener as its beginning. Not copyable.
+class ListenerScope {
+ public:
+  ListenerScope(const ListenerScope&) = delete;
+  ListenerScope& operator=(const ListenerScope&) = delete;
+
+ protected:
+  ListenerScope() : listener_(active_listener()) {}
+  ~ListenerScope() = default;
+  Listener* const listener_;
+};
+
 // The op hook for the core's own tensor methods (clone, to, copy_; core cannot include ops/'
 // op::detail::OpScope): one input, any handle with dtype(), device() and shape(). Off, it costs
 // the same one load and one predictable branch as OpScope.
-class OpCall {
+class OpCall : ListenerScope {
  public:
   template <class TensorLike>
-  OpCall(const char* name, const TensorLike& input) : listener_(active_listener()) {
+  OpCall(const char* name, const TensorLike& input) {
     if (listener_) [[unlikely]] {
       OpInput in{input.dtype(), input.device(), input.shape()};
       begin(name, in);
@@ -125,48 +139,39 @@ class OpCall {
   ~OpCall() {
     if (listener_) [[unlikely]] listener_->op_end(name_);
   }
-  OpCall(const OpCall&) = delete;
-  OpCall& operator=(const OpCall&) = delete;
 
  private:
   [[gnu::noinline]] void begin(const char* name, const OpInput& in) {
     name_ = name;
     listener_->op_begin(name, &in, 1);
   }
-  Listener* listener_;
   const char* name_ = nullptr;
 };
 
-class PhaseScope {
+class PhaseScope : ListenerScope {
  public:
-  explicit PhaseScope(Phase phase) : phase_(phase), listener_(active_listener()) {
+  explicit PhaseScope(Phase phase) : phase_(phase) {
     if (listener_) [[unlikely]] listener_->phase_begin(phase_);
   }
   ~PhaseScope() {
     if (listener_) [[unlikely]] listener_->phase_end(phase_);
   }
-  PhaseScope(const PhaseScope&) = delete;
-  PhaseScope& operator=(const PhaseScope&) = delete;
 
  private:
   Phase phase_;
-  Listener* listener_;
 };
 
-class RangeScope {
+class RangeScope : ListenerScope {
  public:
-  explicit RangeScope(const char* name) : name_(name), listener_(active_listener()) {
+  explicit RangeScope(const char* name) : name_(name) {
     if (listener_) [[unlikely]] listener_->range_begin(name_);
   }
   ~RangeScope() {
     if (listener_) [[unlikely]] listener_->range_end(name_);
   }
-  RangeScope(const RangeScope&) = delete;
-  RangeScope& operator=(const RangeScope&) = delete;
 
  private:
   const char* name_;
-  Listener* listener_;
 };
 
 }  // namespace ember::trace

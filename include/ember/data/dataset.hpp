@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ember/core/error.hpp"
+#include "ember/core/named_list.hpp"
 #include "ember/core/tensor.hpp"
 
 namespace ember::data {
@@ -20,27 +21,13 @@ namespace ember::data {
 class Example {
  public:
   Example() = default;
-  Example(std::initializer_list<std::pair<std::string, AnyTensor>> fields) {
-    for (const auto& f : fields) set(f.first, f.second);
-  }
+  Example(std::initializer_list<std::pair<std::string, AnyTensor>> fields) : fields_(fields) {}
 
   // Adds the field, or replaces the one of that name.
-  void set(const std::string& name, AnyTensor t) {
-    for (auto& f : fields_)
-      if (f.first == name) {
-        f.second = std::move(t);
-        return;
-      }
-    fields_.emplace_back(name, std::move(t));
-  }
-  bool has(const std::string& name) const {
-    for (const auto& f : fields_)
-      if (f.first == name) return true;
-    return false;
-  }
+  void set(const std::string& name, AnyTensor t) { fields_.set(name, std::move(t)); }
+  bool has(const std::string& name) const { return fields_.find(name) != nullptr; }
   const AnyTensor& operator[](const std::string& name) const {
-    for (const auto& f : fields_)
-      if (f.first == name) return f.second;
+    if (const AnyTensor* t = fields_.find(name)) return *t;
     throw ValueError(::ember::detail::str_cat("Example: no field '", name, "' (fields: ", field_names(), ")"));
   }
   template <class T>
@@ -48,17 +35,16 @@ class Example {
     return Tensor<T>((*this)[name]);
   }
   // Fields in insertion order (the order the collate function stacks them in).
-  const std::vector<std::pair<std::string, AnyTensor>>& fields() const { return fields_; }
+  const std::vector<std::pair<std::string, AnyTensor>>& fields() const { return fields_.entries(); }
   size_t size() const { return fields_.size(); }
 
   std::string field_names() const {
-    std::string s;
-    for (const auto& f : fields_) s += (s.empty() ? "" : ", ") + f.first;
+    std::string s = fields_.names();
     return s.empty() ? std::string("none") : s;
   }
 
  private:
-  std::vector<std::pair<std::string, AnyTensor>> fields_;
+  NamedList<AnyTensor> fields_;
 };
 
 class Dataset {

@@ -14,11 +14,6 @@
 //
 // ember tensors are row-major; a GGUF tensor info lists its dimensions reversed (ggml's ne), which
 // add_tensor and get() take care of. deploy/gguf_export.hpp maps nn::GPT onto llama.cpp's gpt2.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -28,6 +23,7 @@
 #include "ember/io/atomic_file.hpp"
 #include "ember/io/gguf_format.hpp"
 #include "ember/io/gguf_writer.hpp"
+#include "ember/io/mapped_file.hpp"
 
 namespace ember::io::gguf {
 
@@ -106,55 +102,11 @@ inline Writer& add_tensor(Writer& w, const std::string& name, const AnyTensor& t
 // A GGUF file mapped read-only; parse_gguf validates it on opening.
 class GGUFFile {
  public:
-  explicit GGUFFile(const std::filesystem::path& path) : path_(path.string()) {
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) io::detail::throw_io("cannot open gguf file", path_, errno);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      io::detail::throw_io("cannot stat gguf file", path_, err);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw IOError("gguf file '" + path_ + "' is not a regular file");
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      const int err = errno;
-      ::close(fd);
-      if (p == MAP_FAILED) io::detail::throw_io("cannot map gguf file", path_, err);
-      map_ = static_cast<const uint8_t*>(p);
-    } else {
-      ::close(fd);
-    }
-    try {
-      contents_ = parse_gguf(map_, size_, path_);
-    } catch (...) {
-      unmap();
-      throw;
-    }
-  }
-  GGUFFile(GGUFFile&& o) noexcept
-      : path_(std::move(o.path_)), map_(std::exchange(o.map_, nullptr)), size_(std::exchange(o.size_, 0)),
-        contents_(std::move(o.contents_)) {}
-  GGUFFile& operator=(GGUFFile&& o) noexcept {
-    if (this != &o) {
-      unmap();
-      path_ = std::move(o.path_);
-      map_ = std::exchange(o.map_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-      contents_ = std::move(o.contents_);
-    }
-    return *this;
-  }
-  GGUFFile(const GGUFFile&) = delete;
-  GGUFFile& operator=(const GGUFFile&) = delete;
-  ~GGUFFile() { unmap(); }
+  explicit GGUFFile(const std::filesystem::path& path)
+      : file_(path.string(), "gguf"), contents_(parse_gguf(file_.data(), file_.size(), file_.path())) {}
 
-  const std::string& path() const { return path_; }
-  uint64_t file_size() const { return size_; }
+  const std::string& path() const { return file_.path(); }
+  uint64_t file_size() const { return file_.size(); }
   const Contents& contents() const { return contents_; }
   const KeyValues& metadata() const { return contents_.metadata; }
   const std::vector<TensorInfo>& tensors() const { return contents_.tensors; }
@@ -162,23 +114,23 @@ class GGUFFile {
   bool contains(const std::string& key) const { return contents_.find(key) != nullptr; }
   const Value& value(const std::string& key) const {
     const Value* v = contents_.find(key);
-    EMBER_CHECK(v != nullptr, ValueError, "gguf file '", path_, "' has no metadata key '", key, "'");
+    EMBER_CHECK(v != nullptr, ValueError, "gguf file '", file_.path(), "' has no metadata key '", key, "'");
     return *v;
   }
   const TensorInfo& info(const std::string& name) const {
     const TensorInfo* t = contents_.tensor(name);
-    EMBER_CHECK(t != nullptr, ValueError, "gguf file '", path_, "' has no tensor '", name, "'");
+    EMBER_CHECK(t != nullptr, ValueError, "gguf file '", file_.path(), "' has no tensor '", name, "'");
     return *t;
   }
   // A tensor's stored bytes inside the mapping (info(name).nbytes of them; valid while this lives).
-  const uint8_t* data(const std::string& name) const { return map_ + contents_.data_start + info(name).offset; }
+  const uint8_t* data(const std::string& name) const { return file_.data() + contents_.data_start + info(name).offset; }
 
   // A new tensor with the stored values, in row-major shape: F32, F16, BF16, F64, I32, I64 as the
   // matching ember dtype; Q8_0 dequantized to float32. Other types are a DTypeError naming it.
   AnyTensor get(const std::string& name, Device device = Device::cpu()) const {
     const TensorInfo& t = info(name);
     const std::vector<int64_t> shape = t.shape();
-    EMBER_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), ShapeError, "gguf file '", path_, "': tensor '", name,
+    EMBER_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), ShapeError, "gguf file '", file_.path(), "': tensor '", name,
                 "' has ", shape.size(), " dimensions; ember tensors have at most ", kMaxDims);
     const uint8_t* src = data(name);
     DType dt;
@@ -190,7 +142,7 @@ class GGUFFile {
       case GGMLType::I32: dt = DType::Int32; break;
       case GGMLType::I64: dt = DType::Int64; break;
       default:
-        throw DTypeError(::ember::detail::str_cat("gguf file '", path_, "': tensor '", name, "' is ", type_name(t.type),
+        throw DTypeError(::ember::detail::str_cat("gguf file '", file_.path(), "': tensor '", name, "' is ", type_name(t.type),
                                                   ", which ember does not decode (it reads F32, F16, BF16, F64, I32, I64 and Q8_0)"));
     }
     AnyTensor out = AnyTensor::empty(Shape(shape), dt);
@@ -204,13 +156,7 @@ class GGUFFile {
   }
 
  private:
-  void unmap() noexcept {
-    if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
-    map_ = nullptr;
-  }
-  std::string path_;
-  const uint8_t* map_ = nullptr;
-  uint64_t size_ = 0;
+  io::detail::MappedFile file_;
   Contents contents_;
 };
 

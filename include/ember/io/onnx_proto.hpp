@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -100,46 +101,31 @@ struct Attribute {
   std::vector<int64_t> ints;
   std::vector<TensorData> tensor;  // exactly one for Kind::Tensor
 
-  static Attribute of_int(std::string n, int64_t v) {
-    Attribute a;
-    a.name = std::move(n);
-    a.kind = Kind::Int;
-    a.i = v;
-    return a;
-  }
-  static Attribute of_float(std::string n, float v) {
-    Attribute a;
-    a.name = std::move(n);
-    a.kind = Kind::Float;
-    a.f = v;
-    return a;
-  }
+  static Attribute of_int(std::string n, int64_t v) { return make(std::move(n), Kind::Int, &Attribute::i, v); }
+  static Attribute of_float(std::string n, float v) { return make(std::move(n), Kind::Float, &Attribute::f, v); }
   static Attribute of_string(std::string n, std::string v) {
-    Attribute a;
-    a.name = std::move(n);
-    a.kind = Kind::String;
-    a.s = std::move(v);
-    return a;
+    return make(std::move(n), Kind::String, &Attribute::s, std::move(v));
   }
   static Attribute of_ints(std::string n, std::vector<int64_t> v) {
-    Attribute a;
-    a.name = std::move(n);
-    a.kind = Kind::Ints;
-    a.ints = std::move(v);
-    return a;
+    return make(std::move(n), Kind::Ints, &Attribute::ints, std::move(v));
   }
   static Attribute of_floats(std::string n, std::vector<float> v) {
-    Attribute a;
-    a.name = std::move(n);
-    a.kind = Kind::Floats;
-    a.floats = std::move(v);
-    return a;
+    return make(std::move(n), Kind::Floats, &Attribute::floats, std::move(v));
   }
   static Attribute of_tensor(std::string n, TensorData t) {
+    std::vector<TensorData> one;
+    one.push_back(std::move(t));
+    return make(std::move(n), Kind::Tensor, &Attribute::tensor, std::move(one));
+  }
+
+ private:
+  // An attribute of this kind with its one value field set.
+  template <class T>
+  static Attribute make(std::string n, Kind kind, T Attribute::*field, std::type_identity_t<T> v) {
     Attribute a;
     a.name = std::move(n);
-    a.kind = Kind::Tensor;
-    a.tensor.push_back(std::move(t));
+    a.kind = kind;
+    a.*field = std::move(v);
     return a;
   }
 };

@@ -14,8 +14,8 @@
 // buffers that the file object keeps (a chunk is copied from the mapping into one while the other
 // uploads: Backend::allocate_pinned / upload_async).
 //
-// Paths are std::string (a std::filesystem::path converts to one). The definitions (nlohmann-json,
-// mmap) are in io/detail/safetensors_impl.hpp, compiled once into the library under
+// Paths are std::string (a std::filesystem::path converts to one). The definitions (nlohmann-json)
+// are in io/detail/safetensors_impl.hpp, compiled once into the library under
 // EMBER_COMPILED_LIB (core/macros.hpp), included here when header-only.
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +28,7 @@
 
 #include "ember/core/macros.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/io/mapped_file.hpp"
 #include "ember/io/safetensors_header.hpp"
 
 namespace ember::io {
@@ -55,10 +56,10 @@ class SafetensorsFile {
   EMBER_LIB_INLINE SafetensorsFile& operator=(SafetensorsFile&& o) noexcept;
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
-  ~SafetensorsFile() { unmap(); }
+  ~SafetensorsFile() { free_staging(); }
 
-  const std::string& path() const { return path_; }
-  uint64_t file_size() const { return size_; }
+  const std::string& path() const { return file_.path(); }
+  uint64_t file_size() const { return file_.size(); }
   const SafetensorsHeader& header() const { return header_; }
   const Metadata& metadata() const { return header_.metadata; }
   size_t size() const { return header_.tensors.size(); }
@@ -66,7 +67,7 @@ class SafetensorsFile {
   EMBER_LIB_INLINE std::vector<std::string> keys() const;
   EMBER_LIB_INLINE const TensorEntry& entry(const std::string& name) const;
   // The raw bytes of a tensor inside the mapping (valid while this object lives).
-  const uint8_t* data(const std::string& name) const { return map_ + header_.data_start + entry(name).begin; }
+  const uint8_t* data(const std::string& name) const { return file_.data() + header_.data_start + entry(name).begin; }
 
   // A new tensor on `device` with the stored values. Loads onto a GPU share this object's pinned
   // staging buffers: call get() from one thread at a time for those.
@@ -84,7 +85,6 @@ class SafetensorsFile {
   // overlaps the upload from the other.
   EMBER_LIB_INLINE void upload(Backend& b, uint8_t* dst, const uint8_t* src, size_t n) const;
   EMBER_LIB_INLINE void free_staging() const noexcept;
-  EMBER_LIB_INLINE void unmap() noexcept;
 
   struct Staging {
     Backend* backend = nullptr;
@@ -92,9 +92,7 @@ class SafetensorsFile {
     void* buf[2] = {nullptr, nullptr};
   };
 
-  std::string path_;
-  const uint8_t* map_ = nullptr;
-  uint64_t size_ = 0;
+  detail::MappedFile file_;
   SafetensorsHeader header_;
   mutable Staging staging_;  // pinned buffers for GPU loads, allocated on the first one
   size_t chunk_ = size_t{16} << 20;

@@ -46,31 +46,38 @@ class JsonlSink : public MetricsSink {
  public:
   explicit JsonlSink(const std::filesystem::path& path) : file_(path) {}
   void scalars(int64_t step, double wall_time, const Scalars& values) override {
-    std::string line = "{\"step\":" + std::to_string(step) + ",\"wall_time\":";
-    append_json_number(line, wall_time);
+    std::string line = record_start(step, wall_time);
     for (const auto& [tag, v] : values) {
       line += ',';
       append_json_string(line, tag);
       line += ':';
       append_json_number(line, v);
     }
-    line += "}\n";
-    file_.append(line);
+    end_record(line);
   }
   void text(int64_t step, double wall_time, const std::string& tag, const std::string& text) override {
-    std::string line = "{\"step\":" + std::to_string(step) + ",\"wall_time\":";
-    append_json_number(line, wall_time);
+    std::string line = record_start(step, wall_time);
     line += ",\"tag\":";
     append_json_string(line, tag);
     line += ",\"text\":";
     append_json_string(line, text);
-    line += "}\n";
-    file_.append(line);
+    end_record(line);
   }
   void flush() override { file_.sync(); }
   void close() override { file_.close(); }
 
  private:
+  // The start of every record: {"step":..,"wall_time":..
+  static std::string record_start(int64_t step, double wall_time) {
+    std::string line = "{\"step\":" + std::to_string(step) + ",\"wall_time\":";
+    append_json_number(line, wall_time);
+    return line;
+  }
+  void end_record(std::string& line) {
+    line += "}\n";
+    file_.append(line);
+  }
+
   AppendFile file_;
 };
 

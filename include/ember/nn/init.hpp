@@ -21,15 +21,9 @@ inline bool& skip_init_flag() {
 // are and draw no random numbers: a module made inside holds uninitialised values until loaded,
 // as transformers' no_init_weights. nn::GPT::from_huggingface uses it (GPT-2 124M: the draws
 // were 8 of its 9 seconds).
-class SkipInitGuard {
+class SkipInitGuard : ::ember::detail::ScopedFlag {
  public:
-  SkipInitGuard() : previous_(detail::skip_init_flag()) { detail::skip_init_flag() = true; }
-  ~SkipInitGuard() { detail::skip_init_flag() = previous_; }
-  SkipInitGuard(const SkipInitGuard&) = delete;
-  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
-
- private:
-  bool previous_;
+  SkipInitGuard() : ScopedFlag(detail::skip_init_flag(), true) {}
 };
 
 inline void fill_from(AnyTensor& t, const AnyTensor& values) {

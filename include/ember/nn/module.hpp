@@ -141,20 +141,17 @@ EMBER_LIB_INLINE std::ostream& operator<<(std::ostream& os, const Module& m);
 namespace detail {
 // The profiler's hook into module calls: the profiler builds dotted names ("layers.3.attn") from
 // the nesting of these scopes; a scope of the module already innermost is the same call.
-class ModuleScope {
+class ModuleScope : trace::ListenerScope {
  public:
-  explicit ModuleScope(const Module& m) : module_(&m), listener_(trace::active_listener()) {
+  explicit ModuleScope(const Module& m) : module_(&m) {
     if (listener_) [[unlikely]] listener_->module_begin(module_, m.module_name(), m.type_name());
   }
   ~ModuleScope() {
     if (listener_) [[unlikely]] listener_->module_end(module_);
   }
-  ModuleScope(const ModuleScope&) = delete;
-  ModuleScope& operator=(const ModuleScope&) = delete;
 
  private:
   const Module* module_;
-  trace::Listener* listener_;
 };
 }  // namespace detail
 

@@ -51,6 +51,27 @@ inline void check_normalized_shape(const char* module, const std::vector<int64_t
   for (int64_t d : shape)
     EMBER_CHECK(d > 0, ValueError, module, ": normalized_shape ", dims_str(shape), " must be positive");
 }
+
+// What LayerNorm and RMSNorm share: the trailing normalized_shape they normalise over (checked),
+// eps, and the learnable weight, ones over normalized_shape (undefined when not learnable).
+template <class Derived>
+class TrailingNorm : public ModuleBase<Derived> {
+ public:
+  const std::vector<int64_t>& normalized_shape() const { return shape_; }
+  double eps() const { return eps_; }
+  AnyTensor weight;
+
+ protected:
+  TrailingNorm(const char* module, std::vector<int64_t> normalized_shape, double eps, bool affine, DType dtype,
+               Device device)
+      : shape_(std::move(normalized_shape)), eps_(eps) {
+    check_normalized_shape(module, shape_);
+    if (affine) weight = this->register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, dtype, device));
+  }
+
+  std::vector<int64_t> shape_;
+  double eps_;
+};
 }  // namespace detail
 
 namespace functional {
@@ -104,15 +125,13 @@ struct LayerNormOptions {
   Device device = Device::cpu();
 };
 
-class LayerNorm : public ModuleBase<LayerNorm> {
+class LayerNorm : public detail::TrailingNorm<LayerNorm> {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, LayerNormOptions opt = {})
-      : shape_(std::move(normalized_shape)), eps_(opt.eps) {
-    detail::check_normalized_shape("LayerNorm", shape_);
-    if (opt.elementwise_affine) {
-      weight = register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, opt.dtype, opt.device));
-      if (opt.bias) bias = register_parameter("bias", AnyTensor::zeros(Shape(shape_), opt.dtype, opt.device));
-    }
+      : TrailingNorm("LayerNorm", std::move(normalized_shape), opt.eps, opt.elementwise_affine, opt.dtype,
+                     opt.device) {
+    if (opt.elementwise_affine && opt.bias)
+      bias = register_parameter("bias", AnyTensor::zeros(Shape(shape_), opt.dtype, opt.device));
   }
   explicit LayerNorm(int64_t normalized_dim, LayerNormOptions opt = {})
       : LayerNorm(std::vector<int64_t>{normalized_dim}, opt) {}
@@ -123,13 +142,7 @@ class LayerNorm : public ModuleBase<LayerNorm> {
     return functional::layer_norm(x, shape_, weight, bias, eps_);
   }
 
-  const std::vector<int64_t>& normalized_shape() const { return shape_; }
-  double eps() const { return eps_; }
-  AnyTensor weight, bias;  // undefined when not learnable
-
- private:
-  std::vector<int64_t> shape_;
-  double eps_;
+  AnyTensor bias;  // undefined when not learnable
 };
 
 // torch.nn.RMSNorm: weight (ones) over the trailing normalized_shape; eps < 0 (the default) means
@@ -141,13 +154,10 @@ struct RMSNormOptions {
   Device device = Device::cpu();
 };
 
-class RMSNorm : public ModuleBase<RMSNorm> {
+class RMSNorm : public detail::TrailingNorm<RMSNorm> {
  public:
   explicit RMSNorm(std::vector<int64_t> normalized_shape, RMSNormOptions opt = {})
-      : shape_(std::move(normalized_shape)), eps_(opt.eps) {
-    detail::check_normalized_shape("RMSNorm", shape_);
-    if (opt.elementwise_affine) weight = register_parameter("weight", AnyTensor::full(Shape(shape_), 1.0, opt.dtype, opt.device));
-  }
+      : TrailingNorm("RMSNorm", std::move(normalized_shape), opt.eps, opt.elementwise_affine, opt.dtype, opt.device) {}
   explicit RMSNorm(int64_t normalized_dim, RMSNormOptions opt = {}) : RMSNorm(std::vector<int64_t>{normalized_dim}, opt) {}
   std::string type_name() const override { return "RMSNorm"; }
 
@@ -155,14 +165,6 @@ class RMSNorm : public ModuleBase<RMSNorm> {
   Tensor<T> forward(const Tensor<T>& x) {
     return functional::rms_norm(x, shape_, weight, eps_);
   }
-
-  const std::vector<int64_t>& normalized_shape() const { return shape_; }
-  double eps() const { return eps_; }
-  AnyTensor weight;  // undefined when not learnable
-
- private:
-  std::vector<int64_t> shape_;
-  double eps_;
 };
 
 struct BatchNormOptions {

@@ -30,18 +30,16 @@
 #include <utility>
 #include <vector>
 
+#include "ember/core/named_list.hpp"
 #include "ember/core/trace.hpp"
 #include "ember/ops/ops.hpp"
 
 namespace ember::optim {
 
 // Hyperparameters of one parameter group, by name, in insertion order (torch's dict order).
-class Hyperparams {
+class Hyperparams : public NamedList<double> {
  public:
-  Hyperparams() = default;
-  Hyperparams(std::initializer_list<std::pair<std::string, double>> items) {
-    for (const auto& [k, v] : items) set(k, v);
-  }
+  using NamedList::NamedList;
   bool contains(const std::string& name) const { return find(name) != nullptr; }
   double at(const std::string& name) const {
     const double* v = find(name);
@@ -51,36 +49,13 @@ class Hyperparams {
   // An existing hyperparameter, for assignment: group["lr"] = 0.01. Unknown names are an error (a
   // typo must not silently add a key the optimizer never reads).
   double& operator[](const std::string& name) {
-    double* v = const_cast<double*>(find(name));
+    double* v = find(name);
     EMBER_CHECK(v != nullptr, ValueError, "param group has no hyperparameter '", name, "' (it has ", names(), ")");
     return *v;
   }
-  // Adds or replaces.
-  void set(const std::string& name, double value) {
-    if (double* v = const_cast<double*>(find(name))) {
-      *v = value;
-    } else {
-      items_.emplace_back(name, value);
-    }
-  }
-  const std::vector<std::pair<std::string, double>>& items() const { return items_; }
-  auto begin() const { return items_.begin(); }
-  auto end() const { return items_.end(); }
-  size_t size() const { return items_.size(); }
-  std::string names() const {
-    std::string s;
-    for (const auto& [k, v] : items_) s += (s.empty() ? "" : ", ") + k;
-    return s;
-  }
-  bool operator==(const Hyperparams& o) const { return items_ == o.items_; }
-
- private:
-  const double* find(const std::string& name) const {
-    for (const auto& [k, v] : items_)
-      if (k == name) return &v;
-    return nullptr;
-  }
-  std::vector<std::pair<std::string, double>> items_;
+  const std::vector<std::pair<std::string, double>>& items() const { return entries(); }
+  auto begin() const { return items().begin(); }
+  auto end() const { return items().end(); }
 };
 
 struct ParamGroup {

@@ -490,22 +490,17 @@ class ProfileScope {
 
 // A user range: profile::Range r("load"); nested ranges nest in the trace and the table. The
 // name is copied.
-class Range {
+class Range : trace::ListenerScope {
  public:
-  explicit Range(const std::string& name) : listener_(trace::active_listener()) {
+  explicit Range(const std::string& name) {
     if (listener_) [[unlikely]] listener_->range_begin(name.c_str());
   }
-  explicit Range(const char* name) : listener_(trace::active_listener()) {
+  explicit Range(const char* name) {
     if (listener_) [[unlikely]] listener_->range_begin(name);
   }
   ~Range() {
     if (listener_) [[unlikely]] listener_->range_end(nullptr);
   }
-  Range(const Range&) = delete;
-  Range& operator=(const Range&) = delete;
-
- private:
-  trace::Listener* listener_;
 };
 
 }  // namespace ember::profile

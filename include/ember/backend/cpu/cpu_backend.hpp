@@ -2,6 +2,7 @@
 // The CPU backend: the reference implementation of every kernel in the table (core/backend.hpp).
 #include <cstring>
 
+#include "ember/backend/allocator_backend.hpp"
 #include "ember/backend/composite.hpp"
 #include "ember/backend/cpu/allocator.hpp"
 #include "ember/backend/cpu/attention.hpp"
@@ -31,7 +32,7 @@ void dispatch_f32_f64(DType t, const char* op, F&& f) {
 }
 }  // namespace detail
 
-class CpuBackend : public Backend {
+class CpuBackend : public AllocatorBackend<HostAllocator> {
  public:
   // A fused optimizer step (`op`: adam_step, sgd_step, rmsprop_step): dispatches the state type
   // (float32 or float64) and the parameter's and the gradient's dtypes, then calls
@@ -67,13 +68,6 @@ class CpuBackend : public Backend {
 
   Device device() const override { return Device::cpu(); }
 
-  void* allocate(size_t bytes) override { return alloc_.allocate(bytes); }
-  void deallocate(void* p, size_t bytes) noexcept override { alloc_.deallocate(p, bytes); }
-  MemoryStats memory_stats() const override { return alloc_.stats(); }
-  void reset_peak_memory() override { alloc_.reset_peak(); }
-  void set_memory_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
-  void empty_cache() override { alloc_.empty_cache(); }
-  void set_cache_limit(int64_t bytes) override { alloc_.set_cache_limit(bytes); }
   void synchronize() override {}
 
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -401,7 +395,6 @@ class CpuBackend : public Backend {
     }
   }
 
-  HostAllocator alloc_;
   std::atomic<uint64_t> upload_ticket_{0};
 };
 

@@ -26,9 +26,7 @@ inline void check_cublas(cublasStatus_t s, const char* call, const char* file, i
 // mode forbids TF32 (fp32 GEMMs match the CPU) and reduced-precision split-K reductions (fp16/bf16
 // GEMMs accumulate in fp32 all the way). Never destroyed: it must outlive static destruction.
 inline cublasHandle_t cublas_handle(int device) {
-  return internal::once_per_device<cublasHandle_t>(device, "cublas_handle", [&] {
-    cudaStream_t stream = current_stream(device);
-    DeviceGuard guard(device);
+  return internal::stream_bound_handle<cublasHandle_t>(device, "cublas_handle", [](cudaStream_t stream) {
     cublasHandle_t h = nullptr;
     EMBER_CUBLAS_CHECK(cublasCreate(&h));
     EMBER_CUBLAS_CHECK(cublasSetStream(h, stream));

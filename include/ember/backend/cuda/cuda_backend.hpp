@@ -13,6 +13,7 @@
 // kernel table; everything here has internal linkage (anonymous namespace), so two programs'
 // or two libraries' copies of that translation unit never clash.
 #if defined(__CUDACC__)
+#include "ember/backend/allocator_backend.hpp"
 #include "ember/backend/composite.hpp"
 #include "ember/backend/cuda/allocator.hpp"
 #include "ember/backend/cuda/conv.hpp"
@@ -38,12 +39,12 @@
 namespace ember::cuda_impl {
 namespace {
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public AllocatorBackend<::ember::cuda::DeviceAllocator> {
  public:
   explicit CudaBackend(int device)
-      : device_(device),
+      : AllocatorBackend(device, ::ember::cuda::current_stream(device)),
+        device_(device),
         stream_(::ember::cuda::current_stream(device)),
-        alloc_(device, stream_),
         sm_count_(::ember::cuda::multiprocessor_count(device)),
         ctx_{device_, sm_count_, stream_, &alloc_},
         uploads_(device, stream_),
@@ -51,14 +52,7 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::cuda(device_); }
 
-  // ---- memory
-  void* allocate(size_t bytes) override { return alloc_.allocate(bytes); }
-  void deallocate(void* p, size_t bytes) noexcept override { alloc_.deallocate(p, bytes); }
-  MemoryStats memory_stats() const override { return alloc_.stats(); }
-  void reset_peak_memory() override { alloc_.reset_peak(); }
-  void set_memory_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
-  void empty_cache() override { alloc_.empty_cache(); }
-  void set_cache_limit(int64_t bytes) override { alloc_.set_cache_limit(bytes); }
+  // ---- memory (allocation: AllocatorBackend)
   void synchronize() override {
     DeviceGuard g(device_);
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -275,7 +269,6 @@ class CudaBackend final : public Backend {
  private:
   int device_;
   cudaStream_t stream_;
-  ::ember::cuda::DeviceAllocator alloc_;
   int sm_count_;
   const LaunchContext ctx_;  // device_, sm_count_, stream_ and alloc_, for the launch_* functions
   UploadStaging staging_;

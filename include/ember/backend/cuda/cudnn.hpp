@@ -31,9 +31,7 @@ inline size_t cudnn_runtime_version() { return cudnnGetVersion(); }
 // The cuDNN handle of a device, bound to current_stream(device). Never destroyed (it must outlive
 // static destruction, when the driver may already be gone).
 inline cudnnHandle_t cudnn_handle(int device) {
-  return internal::once_per_device<cudnnHandle_t>(device, "cudnn_handle", [&] {
-    cudaStream_t stream = current_stream(device);
-    DeviceGuard guard(device);
+  return internal::stream_bound_handle<cudnnHandle_t>(device, "cudnn_handle", [](cudaStream_t stream) {
     cudnnHandle_t h = nullptr;
     EMBER_CUDNN_CHECK(cudnnCreate(&h));
     EMBER_CUDNN_CHECK(cudnnSetStream(h, stream));

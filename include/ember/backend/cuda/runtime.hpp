@@ -171,6 +171,19 @@ inline cudaStream_t current_stream(int device) {
   return slot.stream;
 }
 
+namespace internal {
+// A library's handle of a device (cuBLAS, cuDNN): create(stream) makes it under a DeviceGuard and
+// binds it to current_stream(device), once per device (once_per_device: never destroyed).
+template <class H, class Create>
+H stream_bound_handle(int device, const char* what, Create&& create) {
+  return once_per_device<H>(device, what, [&] {
+    cudaStream_t stream = current_stream(device);
+    DeviceGuard guard(device);
+    return create(stream);
+  });
+}
+}  // namespace internal
+
 // Number of streaming multiprocessors of a device (asked once per device).
 inline int multiprocessor_count(int device) {
   return internal::once_per_device<int>(device, "multiprocessor_count", [&] {

@@ -1,11 +1,6 @@
 #pragma once
-// The safetensors reader and writer (io/safetensors.hpp declares them): nlohmann-json and mmap,
+// The safetensors reader and writer (io/safetensors.hpp declares them): nlohmann-json,
 // compiled once into the library under EMBER_COMPILED_LIB, included by the header otherwise.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -102,47 +97,17 @@ EMBER_LIB_INLINE void save_file(const std::string& path, const TensorList& tenso
   w.commit();
 }
 
-EMBER_LIB_INLINE SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) detail::throw_io("cannot open safetensors file", path_, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    detail::throw_io("cannot stat safetensors file", path_, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw IOError("safetensors file '" + path_ + "' is not a regular file");
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) detail::throw_io("cannot map safetensors file", path_, err);
-    map_ = static_cast<const uint8_t*>(p);
-  } else {
-    ::close(fd);
-  }
-  try {
-    header_ = parse_safetensors(map_, size_, path_);
-  } catch (...) {
-    unmap();
-    throw;
-  }
-}
+EMBER_LIB_INLINE SafetensorsFile::SafetensorsFile(const std::string& path)
+    : file_(path, "safetensors"), header_(parse_safetensors(file_.data(), file_.size(), file_.path())) {}
 
 EMBER_LIB_INLINE SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)), map_(std::exchange(o.map_, nullptr)), size_(std::exchange(o.size_, 0)),
-      header_(std::move(o.header_)), staging_(std::exchange(o.staging_, {})), chunk_(o.chunk_) {}
+    : file_(std::move(o.file_)), header_(std::move(o.header_)), staging_(std::exchange(o.staging_, {})),
+      chunk_(o.chunk_) {}
 
 EMBER_LIB_INLINE SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
-    unmap();
-    path_ = std::move(o.path_);
-    map_ = std::exchange(o.map_, nullptr);
-    size_ = std::exchange(o.size_, 0);
+    free_staging();
+    file_ = std::move(o.file_);
     header_ = std::move(o.header_);
     staging_ = std::exchange(o.staging_, {});
     chunk_ = o.chunk_;
@@ -158,7 +123,7 @@ EMBER_LIB_INLINE std::vector<std::string> SafetensorsFile::keys() const {
 
 EMBER_LIB_INLINE const TensorEntry& SafetensorsFile::entry(const std::string& name) const {
   const TensorEntry* e = header_.find(name);
-  EMBER_CHECK(e != nullptr, ValueError, "safetensors file '", path_, "' has no tensor '", name, "'");
+  EMBER_CHECK(e != nullptr, ValueError, "safetensors file '", file_.path(), "' has no tensor '", name, "'");
   return *e;
 }
 
@@ -176,13 +141,13 @@ EMBER_LIB_INLINE TensorList SafetensorsFile::load_all(Device device) const {
 }
 
 EMBER_LIB_INLINE AnyTensor SafetensorsFile::load(const TensorEntry& e, Device device) const {
-  EMBER_CHECK(e.dtype.has_value(), DTypeError, "safetensors file '", path_, "': tensor '", e.name, "' has dtype ",
+  EMBER_CHECK(e.dtype.has_value(), DTypeError, "safetensors file '", file_.path(), "': tensor '", e.name, "' has dtype ",
               e.dtype_name, ", which ember cannot hold (ember holds F64, F32, F16, BF16, I64, I32, U8)");
-  EMBER_CHECK(e.shape.size() <= static_cast<size_t>(kMaxDims), ShapeError, "safetensors file '", path_,
+  EMBER_CHECK(e.shape.size() <= static_cast<size_t>(kMaxDims), ShapeError, "safetensors file '", file_.path(),
               "': tensor '", e.name, "' has ", e.shape.size(), " dimensions; ember tensors have at most ", kMaxDims);
   AnyTensor t = AnyTensor::empty(Shape(e.shape), *e.dtype, device);
   if (e.nbytes() == 0) return t;
-  const uint8_t* src = map_ + header_.data_start + e.begin;
+  const uint8_t* src = file_.data() + header_.data_start + e.begin;
   if (device.is_cpu()) {
     std::memcpy(t.data_ptr(), src, e.nbytes());
     return t;
@@ -223,12 +188,6 @@ EMBER_LIB_INLINE void SafetensorsFile::free_staging() const noexcept {
       staging_.backend->free_pinned(p, staging_.bytes);
       p = nullptr;
     }
-}
-
-EMBER_LIB_INLINE void SafetensorsFile::unmap() noexcept {
-  free_staging();
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
-  map_ = nullptr;
 }
 
 EMBER_LIB_INLINE TensorList load_file(const std::string& path, Device device) {

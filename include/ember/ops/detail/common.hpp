@@ -15,17 +15,15 @@ namespace ember::op::detail {
 // The profiler's hook into every op: each public op opens one of these first, with its name (a
 // string literal) and inputs. With no profiler listening it costs one load and one predictable
 // branch; the inputs are read only when one listens.
-class OpScope {
+class OpScope : trace::ListenerScope {
  public:
   template <class... Ts>
-  explicit OpScope(const char* name, const Ts&... inputs) : listener_(trace::active_listener()) {
+  explicit OpScope(const char* name, const Ts&... inputs) {
     if (listener_) [[unlikely]] begin(name, {&inputs...});
   }
   ~OpScope() {
     if (listener_) [[unlikely]] listener_->op_end(name_);
   }
-  OpScope(const OpScope&) = delete;
-  OpScope& operator=(const OpScope&) = delete;
 
  private:
   [[gnu::noinline]] void begin(const char* name, std::initializer_list<const AnyTensor*> inputs) {
@@ -39,20 +37,17 @@ class OpScope {
     }
     listener_->op_begin(name, in, n);
   }
-  trace::Listener* listener_;
   const char* name_ = nullptr;
 };
 // An op over a list of tensors (concat): the first kMaxOpInputs are recorded.
-class OpScopeList {
+class OpScopeList : trace::ListenerScope {
  public:
-  OpScopeList(const char* name, const std::vector<AnyTensor>& inputs) : listener_(trace::active_listener()) {
+  OpScopeList(const char* name, const std::vector<AnyTensor>& inputs) {
     if (listener_) [[unlikely]] begin(name, inputs);
   }
   ~OpScopeList() {
     if (listener_) [[unlikely]] listener_->op_end(name_);
   }
-  OpScopeList(const OpScopeList&) = delete;
-  OpScopeList& operator=(const OpScopeList&) = delete;
 
  private:
   [[gnu::noinline]] void begin(const char* name, const std::vector<AnyTensor>& inputs) {
@@ -65,7 +60,6 @@ class OpScopeList {
     }
     listener_->op_begin(name, in, n);
   }
-  trace::Listener* listener_;
   const char* name_ = nullptr;
 };
 
