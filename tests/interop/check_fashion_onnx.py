@@ -23,7 +23,7 @@ except ImportError as e:
     print(f"SKIPPED: a reference package is not importable ({e})")
     sys.exit(0)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_onnx import INTEGER_OPS, lint_qdq  # noqa: E402
+from check_onnx import INTEGER_OPS, integer_kernels_saturate, lint_qdq  # noqa: E402
 
 
 def idx(path):
@@ -80,7 +80,14 @@ def main():
     # onnxruntime and ember agree on the fp32 model (a tie in the arg-max may flip one image).
     if abs(r["fp32_ort_off"] - r["fp32_ember"]) > 1.5 / len(x):
         problems.append("fp32: onnxruntime's accuracy differs from ember's")
-    for level in ("off", "on"):
+    # On an x86-64 processor without VNNI, onnxruntime's u8s8 integer kernels saturate 16-bit pair
+    # sums (check_onnx.py): the optimised INT8 model's accuracy is reported there, not bounded.
+    levels = ("off", "on")
+    if r["integer_kernels"] and integer_kernels_saturate():
+        levels = ("off",)
+        print("SKIPPED (in part): the optimised INT8 model's accuracy bound: this processor has no VNNI, "
+              "so onnxruntime's u8s8 integer kernels saturate")
+    for level in levels:
         drop = 100.0 * (r["fp32_ort_" + level] - r["int8_ort_" + level])
         if drop > 0.5:
             problems.append(f"int8 loses {drop:.2f} points with optimisations {level} (at most 0.5)")
