@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Makes (idempotently) the Python virtual environment that ember's interoperability tests use:
 # the ecosystem's reference implementations, from PyPI (numpy, safetensors, tensorboard's event
-# reader, onnx's checker and onnxruntime, gguf-py's reader). No PyTorch: the tests never need it.
+# reader, onnx's checker and onnxruntime, gguf-py's reader, h5py, the tfrecord reader with crc32c,
+# MLflow's client (mlflow-skinny) and Triton's model-config schema (tritonclient[grpc])). No
+# PyTorch: the tests never need it.
 # Prints the environment's python on the last line.
 #   bash tools/python-env.sh            (EMBER_VENV=~/.cache/ember/venv by default)
 # Without network or PyPI it prints a warning and the system python3; the tests that need a
 # package then say "SKIPPED: <package> not importable" and ctest counts them as skipped.
 set -uo pipefail
 venv=${EMBER_VENV:-${HOME:-/tmp}/.cache/ember/venv}
-packages=(numpy safetensors tensorboard onnx onnxruntime gguf)
+packages=(numpy safetensors tensorboard onnx onnxruntime gguf h5py tfrecord crc32c mlflow-skinny 'tritonclient[grpc]')
 want="${packages[*]}"
 stamp="$venv/.ember-packages"
 if [[ -x $venv/bin/python && -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
