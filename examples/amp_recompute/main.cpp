@@ -23,7 +23,7 @@
 #include <ember/train/batch_size_finder.hpp>
 
 #include "../common/args.hpp"
-#include "../common/digits.hpp"
+#include "../common/digits_on_device.hpp"
 #include "../common/observe.hpp"
 #include "../common/progress.hpp"
 
@@ -91,12 +91,8 @@ int main(int argc, char** argv) try {
   int64_t batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
 
-  examples::Digits all = examples::load_digits(), train, test;
-  examples::split_digits(all, 0.2, seed, train, test);
-  auto x_train = Tensor<float>::from_vector(train.pixels, {train.n, 64}, dev);
-  auto y_train = Tensor<int64_t>::from_vector(train.labels, {train.n}, dev);
-  auto x_test = Tensor<float>::from_vector(test.pixels, {test.n, 64}, dev);
-  auto y_test = Tensor<int64_t>::from_vector(test.labels, {test.n}, dev);
+  auto [x_train, x_test, y_train, y_test] = examples::digits_on_device(0.2, seed, dev);
+  const int64_t n_train = x_train.size(0), n_test = x_test.size(0);
 
   manual_seed(seed);
   Net net = make_net(args.integer("width"), args.integer("depth"));
@@ -127,7 +123,7 @@ int main(int argc, char** argv) try {
         [&](int64_t b) {
           // Repeat the training set as needed so any batch size is possible.
           std::vector<int64_t> ids(static_cast<size_t>(b));
-          for (int64_t i = 0; i < b; ++i) ids[static_cast<size_t>(i)] = i % train.n;
+          for (int64_t i = 0; i < b; ++i) ids[static_cast<size_t>(i)] = i % n_train;
           train_step(Tensor<int64_t>::from_vector(ids, dev), search_scaler);
           search_scaler.step(opt);
           search_scaler.update();
@@ -156,12 +152,12 @@ int main(int argc, char** argv) try {
   int64_t step = 0, skipped = 0, step_samples = 0;
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     // A fresh permutation of the training set each epoch, from (seed, epoch).
-    data::DistributedSampler sampler(train.n, 1, 0, {.seed = seed});
+    data::DistributedSampler sampler(n_train, 1, 0, {.seed = seed});
     sampler.set_epoch(static_cast<uint64_t>(epoch));
     std::vector<int64_t> order = sampler.indices();
     auto perm = Tensor<int64_t>::from_vector(order, dev);
-    for (int64_t b0 = 0; b0 < train.n; b0 += batch) {
-      auto idx = perm.slice(b0, std::min(train.n, b0 + batch));
+    for (int64_t b0 = 0; b0 < n_train; b0 += batch) {
+      auto idx = perm.slice(b0, std::min(n_train, b0 + batch));
       auto loss = train_step(idx, scaler);
       step_samples += idx.numel();
       if (acc.sync_step()) {
@@ -188,7 +184,7 @@ int main(int argc, char** argv) try {
   NoGradGuard no_grad;
   auto pred = argmax(forward(net, x_test, 0, precision), {1});
   const double accuracy =
-      static_cast<double>(sum(eq(pred, y_test).to<int64_t>()).item()) / static_cast<double>(test.n);
+      static_cast<double>(sum(eq(pred, y_test).to<int64_t>()).item()) / static_cast<double>(n_test);
   std::printf("%s\n",
               examples::json_line({{"example", examples::quoted("amp_recompute")},
                                    {"device", examples::quoted(dev.str())},

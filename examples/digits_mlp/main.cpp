@@ -18,7 +18,7 @@
 #include <ember/data/distributed_sampler.hpp>
 
 #include "../common/args.hpp"
-#include "../common/digits.hpp"
+#include "../common/digits_on_device.hpp"
 #include "../common/observe.hpp"
 
 using namespace ember;
@@ -55,13 +55,9 @@ int main(int argc, char** argv) try {
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   const bool tty = isatty(STDOUT_FILENO);
 
-  examples::Digits all = examples::load_digits(), train, test;
-  examples::split_digits(all, 0.2, seed, train, test);
   // The whole data set lives on the device; batches are gathered there.
-  auto x_train = Tensor<float>::from_vector(train.pixels, {train.n, 64}, dev);
-  auto y_train = Tensor<int64_t>::from_vector(train.labels, {train.n}, dev);
-  auto x_test = Tensor<float>::from_vector(test.pixels, {test.n, 64}, dev);
-  auto y_test = Tensor<int64_t>::from_vector(test.labels, {test.n}, dev);
+  auto [x_train, x_test, y_train, y_test] = examples::digits_on_device(0.2, seed, dev);
+  const int64_t n_train = x_train.size(0), n_test = x_test.size(0);
 
   Generator gen(seed);
   Linear fc1(64, hidden, dev, gen), fc2(hidden, 10, dev, gen);
@@ -79,14 +75,14 @@ int main(int argc, char** argv) try {
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     // A fresh permutation each epoch, from (seed, epoch).
     // A fresh permutation of the training set each epoch, from (seed, epoch).
-    data::DistributedSampler sampler(train.n, 1, 0, {.seed = seed});
+    data::DistributedSampler sampler(n_train, 1, 0, {.seed = seed});
     sampler.set_epoch(static_cast<uint64_t>(epoch));
     std::vector<int64_t> order = sampler.indices();
     auto perm = Tensor<int64_t>::from_vector(order, dev);
     double epoch_loss = 0;
     int64_t batches = 0;
-    for (int64_t b0 = 0; b0 < train.n; b0 += batch) {
-      auto idx = perm.slice(b0, std::min(train.n, b0 + batch));
+    for (int64_t b0 = 0; b0 < n_train; b0 += batch) {
+      auto idx = perm.slice(b0, std::min(n_train, b0 + batch));
       Tensor<float> xb;
       Tensor<int64_t> yb;
       {
@@ -133,13 +129,13 @@ int main(int argc, char** argv) try {
   NoGradGuard no_grad;
   auto pred = argmax(fc2(relu(fc1(x_test))), {1});
   auto correct = sum(eq(pred, y_test).to<int64_t>()).item();
-  const double accuracy = static_cast<double>(correct) / static_cast<double>(test.n);
+  const double accuracy = static_cast<double>(correct) / static_cast<double>(n_test);
   std::printf(
       "{\"example\": \"digits_mlp\", \"device\": \"%s\", \"epochs\": %lld, \"train_samples\": %lld, "
       "\"test_samples\": %lld, \"final_train_loss\": %.6f, \"test_accuracy\": %.4f, \"seconds\": %.3f, "
       "\"samples_per_second\": %.1f}\n",
-      dev.str().c_str(), static_cast<long long>(epochs), static_cast<long long>(train.n),
-      static_cast<long long>(test.n), last_loss, accuracy, seconds, static_cast<double>(seen) / seconds);
+      dev.str().c_str(), static_cast<long long>(epochs), static_cast<long long>(n_train),
+      static_cast<long long>(n_test), last_loss, accuracy, seconds, static_cast<double>(seen) / seconds);
   args.save_tensors({{"fc1.weight", fc1.weight}, {"fc1.bias", fc1.bias}, {"fc2.weight", fc2.weight}, {"fc2.bias", fc2.bias}});
   return 0;
 } catch (const std::exception& e) {
