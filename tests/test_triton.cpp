@@ -342,6 +342,9 @@ TEST_CASE("triton: bad names, options, shapes, types and files are clear errors 
   CHECK_THAT(add(fixed, {.name = "m"}),
              Contains("Triton config 'm': max_batch_size 8 needs dimension 0 of input 'x' [4, 12] to be symbolic") &&
                  Contains("fixed at 4"));
+  const auto unbatched = triton::add_onnx_model(fixed, dir.path / "other",
+                                                {.config = {.name = "fixed", .max_batch_size = 0, .dynamic_batching = false}});
+  CHECK_THAT(unbatched.config, Contains("max_batch_size: 0\n") && Contains("dims: [ 4, 12 ]"));
   const fs::path scalar = write_graph(dir.path / "scalar.onnx", {{"x", onnx::ElemType::Float, {}}},
                                       {{"y", onnx::ElemType::Float, {}}});
   CHECK_THAT(add(scalar, {.name = "m"}), Contains("input 'x' is a scalar, but max_batch_size 8"));

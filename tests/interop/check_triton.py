@@ -44,6 +44,13 @@ NP_OF_TRITON = {
     "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32, "TYPE_UINT64": np.uint64, "TYPE_BOOL": np.bool_,
 }
 
+try:  # bfloat16 tensors: onnx depends on ml_dtypes
+    import ml_dtypes
+
+    NP_OF_TRITON["TYPE_BF16"] = ml_dtypes.bfloat16
+except ImportError:
+    pass
+
 
 def expected_entry(value_info, batched, errors, role):
     """(data type, dims, reshaped) of a graph value as the config must describe it."""
