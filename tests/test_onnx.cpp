@@ -21,6 +21,7 @@
 #include "ember/ember.hpp"
 #include "ember/nn/gpt.hpp"
 #include "ember/quant/quantize.hpp"
+#include "python_check.hpp"
 #include "temp_dir.hpp"
 #include "test_util.hpp"
 
@@ -85,31 +86,10 @@ onnx::ExportResult export_case(const fs::path& dir, const Case& c) {
 // Runs the checker over a folder; returns its JSON lines by case, or nothing (and prints SKIPPED)
 // when Python or its packages are missing.
 std::optional<std::map<std::string, nlohmann::json>> check_folder(const fs::path& dir, std::string& out) {
-  const std::string py = EMBER_PYTHON_EXE;
-  if (py.empty()) {
-    std::printf("SKIPPED: no Python interpreter configured (EMBER_PYTHON)\n");
-    return std::nullopt;
-  }
-  const std::string cmd = "'" + py + "' '" + EMBER_SOURCE_DIR + "/tests/interop/check_onnx.py' '" + dir.string() + "' 2>&1";
-  const auto run = testing::run_command(cmd);
-  out += run.out;
-  const int rc = run.status;
-  if ((WIFEXITED(rc) && WEXITSTATUS(rc) == 127) || out.find("SKIPPED: ") != std::string::npos) {
-    std::printf("SKIPPED: %s\n", out.c_str());
-    return std::nullopt;
-  }
-  std::map<std::string, nlohmann::json> cases;
-  size_t at = 0;
-  while (at < out.size()) {
-    const size_t end = out.find('\n', at);
-    const std::string line = out.substr(at, end == std::string::npos ? std::string::npos : end - at);
-    at = end == std::string::npos ? out.size() : end + 1;
-    if (!line.empty() && line[0] == '{') {
-      auto j = nlohmann::json::parse(line);
-      cases[j["case"].get<std::string>()] = j;
-    }
-  }
-  return cases;
+  const auto run = testing::run_python_check("check_onnx.py", {dir.string()});
+  if (!run) return std::nullopt;
+  out += run->out;
+  return testing::json_lines_by(run->out, "case");
 }
 
 // Exports every case into one folder, checks them in one Python run, and requires each to pass.

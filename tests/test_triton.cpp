@@ -17,6 +17,7 @@
 #include "ember/ember.hpp"
 #include "ember/nn/gpt.hpp"
 #include "ember/quant/quantize.hpp"
+#include "python_check.hpp"
 #include "temp_dir.hpp"
 #include "test_util.hpp"
 
@@ -93,26 +94,10 @@ bool has_hidden(const fs::path& repo) {
 // Runs check_triton.py over a repository: its JSON lines by model, or nothing (SKIPPED printed)
 // when Python or its packages are missing.
 std::optional<std::map<std::string, nlohmann::json>> check_repository(const fs::path& repo, std::string& out) {
-  const std::string py = EMBER_PYTHON_EXE;
-  if (py.empty()) {
-    std::printf("SKIPPED: no Python interpreter configured (EMBER_PYTHON)\n");
-    return std::nullopt;
-  }
-  const auto run = testing::run_command("'" + py + "' '" + EMBER_SOURCE_DIR + "/tests/interop/check_triton.py' '" +
-                                        repo.string() + "' 2>&1");
-  out = run.out;
-  if ((WIFEXITED(run.status) && WEXITSTATUS(run.status) == 127) || out.find("SKIPPED: ") != std::string::npos) {
-    std::printf("SKIPPED: %s\n", out.c_str());
-    return std::nullopt;
-  }
-  std::map<std::string, nlohmann::json> models;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty() && line[0] == '{') {
-      auto j = nlohmann::json::parse(line);
-      models[j["model"].get<std::string>()] = j;
-    }
-  return models;
+  const auto run = testing::run_python_check("check_triton.py", {repo.string()});
+  if (!run) return std::nullopt;
+  out = run->out;
+  return testing::json_lines_by(run->out, "model");
 }
 
 using Entries = std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>;
