@@ -72,9 +72,10 @@ class MlflowRun {
     }
     if (!id_file.empty()) io::write_file_atomic(id_file, run_id_ + "\n");
   }
+  // A run destroyed by an exception unwinding the stack ends FAILED.
   ~MlflowRun() {
     try {
-      end(std::uncaught_exceptions() > 0 ? RunOutcome::Failed : RunOutcome::Finished);
+      end(std::uncaught_exceptions() > uncaught_at_start_ ? RunOutcome::Failed : RunOutcome::Finished);
     } catch (...) {  // a destructor must not throw; the metrics are on disk already
     }
   }
@@ -217,16 +218,15 @@ class MlflowRun {
     EMBER_CHECK(!ended_, ValueError, "MlflowRun.", op, ": run ", run_id_, " has ended");
   }
 
-  // The root folder; a fresh one gets MLflow's "Default" experiment (id 0) and .trash, as
+  // The root folder, with MLflow's "Default" experiment (id 0, unless deleted) and .trash, as
   // MLflow's own store makes them.
   void ensure_root() {
     namespace fs = std::filesystem;
     std::error_code ec;
-    const bool fresh = !fs::exists(root_, ec);
     fs::create_directories(root_, ec);
     EMBER_CHECK(!ec && fs::is_directory(root_), IOError, "MLflow: cannot create the tracking folder '",
                 root_.string(), "': ", ec ? ec.message() : std::string("not a folder"));
-    if (fresh) write_experiment_meta("0", "Default");
+    if (!fs::exists(root_ / "0") && !fs::exists(root_ / ".trash" / "0")) write_experiment_meta("0", "Default");
     fs::create_directories(root_ / ".trash", ec);
     EMBER_CHECK(!ec, IOError, "MLflow: cannot create '", (root_ / ".trash").string(), "': ", ec.message());
   }
@@ -385,6 +385,7 @@ class MlflowRun {
   std::string run_id_, experiment_id_, run_name_, artifact_uri_, user_;
   int64_t start_time_ = 0;
   bool continued_ = false, ended_ = false;
+  int uncaught_at_start_ = std::uncaught_exceptions();
   std::map<std::string, AppendFile> metrics_;
   std::mutex mutex_;
 };
