@@ -33,12 +33,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+// The whole file (IOError when it cannot be read).
+std::string slurp(const fs::path& p) { return logging::mlflow_files::read_text(p); }
 
 std::map<std::string, std::string> run_meta(const logging::MlflowRun& run) {
   return logging::mlflow_files::parse_meta_yaml(slurp(run.run_dir() / "meta.yaml"));
