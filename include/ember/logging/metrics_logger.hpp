@@ -5,6 +5,8 @@
 //   metrics.csv     long format, one row per value: step,wall_time,tag,value (RFC 4180 quoting)
 //   events.out.tfevents.*  TensorBoard scalars and text (logging/event_file.hpp)
 //   hparams.json    the hyperparameters, written atomically (also logged as a text summary)
+//   mlflow_run_id   with MetricsLoggerOptions::mlflow: the MLflow run the scalars and
+//                   hyperparameters also go to (logging/mlflow.hpp: an mlruns/ folder)
 //
 //   logging::MetricsLogger log("runs/exp1");
 //   log.log_hparams({{"lr", 0.1}, {"optimizer", "sgd"}});
@@ -14,12 +16,12 @@
 // keeps what it logged; flush() also fsyncs). The namespace is ember::logging because ember::log
 // is the logarithm. Thread-safe: one mutex per logger.
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "ember/core/error.hpp"
@@ -27,20 +29,10 @@
 #include "ember/logging/event_file.hpp"
 #include "ember/logging/file_write.hpp"
 #include "ember/logging/json_text.hpp"
+#include "ember/logging/metrics_sink.hpp"
+#include "ember/logging/mlflow.hpp"
 
 namespace ember::logging {
-
-using Scalars = std::vector<std::pair<std::string, double>>;
-
-// Where a logger's records go.
-class MetricsSink {
- public:
-  virtual ~MetricsSink() = default;
-  virtual void scalars(int64_t step, double wall_time, const Scalars& values) = 0;
-  virtual void text(int64_t step, double wall_time, const std::string& tag, const std::string& text) = 0;
-  virtual void flush() = 0;
-  virtual void close() = 0;
-};
 
 class JsonlSink : public MetricsSink {
  public:
@@ -139,11 +131,8 @@ struct MetricsLoggerOptions {
   bool jsonl = true;
   bool csv = true;
   bool tensorboard = true;
+  MlflowOptions mlflow = {};  // an MLflow run too, when mlflow.tracking_dir is set
 };
-
-// A hyperparameter value: a number or a string.
-using HParam = std::variant<double, std::string>;
-using HParams = std::vector<std::pair<std::string, HParam>>;
 
 class MetricsLogger {
  public:
@@ -159,9 +148,16 @@ class MetricsLogger {
       event_file_ = tb->path();
       sinks_.push_back(std::move(tb));
     }
+    if (!options.mlflow.tracking_dir.empty()) {
+      auto ml = std::make_unique<MlflowSink>(options.mlflow, dir_);
+      mlflow_ = &ml->run();
+      sinks_.push_back(std::move(ml));
+    }
   }
+  // A logger destroyed by an exception unwinding the stack records a failed run.
   ~MetricsLogger() {
     try {
+      if (std::uncaught_exceptions() > uncaught_at_start_) set_outcome(RunOutcome::Failed);
       close();
     } catch (...) {  // a destructor must not throw: the data was handed to the kernel already
     }
@@ -180,6 +176,8 @@ class MetricsLogger {
     for (const auto& [tag, v] : values) check_tag(tag);
     std::lock_guard<std::mutex> lock(mutex_);
     check_open();
+    for (const auto& [tag, v] : values)
+      for (const auto& s : sinks_) s->check_tag(tag);
     const double wall = EventFileWriter::wall_time_now();
     for (auto& s : sinks_) s->scalars(step, wall, values);
   }
@@ -191,8 +189,8 @@ class MetricsLogger {
     for (auto& s : sinks_) s->text(step, wall, tag, text);
   }
 
-  // hparams.json (atomically, replacing an earlier one) and a "hparams" text summary: a markdown
-  // table that TensorBoard's text tab shows.
+  // hparams.json (atomically, replacing an earlier one), a "hparams" text summary (a markdown
+  // table that TensorBoard's text tab shows), and the MLflow run's params.
   void log_hparams(const HParams& hp) {
     std::string json = "{\n", table = "| hyperparameter | value |\n|---|---|\n";
     for (size_t i = 0; i < hp.size(); ++i) {
@@ -216,6 +214,7 @@ class MetricsLogger {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       check_open();
+      for (auto& s : sinks_) s->hparams(hp);
       io::write_file_atomic(dir_ / "hparams.json", json);
     }
     log_text(0, "hparams", table);
@@ -225,15 +224,32 @@ class MetricsLogger {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& s : sinks_) s->flush();
   }
+  // A resumed run continues after `step`: sinks that can rewrite their history (MLflow) drop
+  // what an interrupted process logged after it; the files here are append-only and keep it.
+  void resume_at(int64_t step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_open();
+    for (auto& s : sinks_) s->resume_at(step);
+  }
+  // How the run ended (the MLflow run's status at close; Finished unless told otherwise).
+  void set_outcome(RunOutcome how) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    outcome_ = how;
+  }
   void close() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return;
     closed_ = true;
-    for (auto& s : sinks_) s->close();
+    for (auto& s : sinks_) {
+      s->outcome(outcome_);
+      s->close();
+    }
   }
 
   const std::filesystem::path& dir() const { return dir_; }
   const std::filesystem::path& event_file() const { return event_file_; }  // empty without TensorBoard
+  // The MLflow run (set_tag, log_artifact, run_id); null without MetricsLoggerOptions::mlflow.
+  MlflowRun* mlflow() const { return mlflow_; }
 
  private:
   void check_open() const { EMBER_CHECK(!closed_, ValueError, "MetricsLogger: '", dir_.string(), "' is closed"); }
@@ -243,8 +259,11 @@ class MetricsLogger {
 
   std::filesystem::path dir_, event_file_;
   std::vector<std::unique_ptr<MetricsSink>> sinks_;
+  MlflowRun* mlflow_ = nullptr;  // owned by its sink in sinks_
   std::mutex mutex_;
   bool closed_ = false;
+  RunOutcome outcome_ = RunOutcome::Finished;
+  int uncaught_at_start_ = std::uncaught_exceptions();
 };
 
 }  // namespace ember::logging

@@ -159,6 +159,15 @@ struct TrainerOptions {
   // Written once at the start of fit through the logger (hparams.json beside the logs, and a
   // "hparams" text summary), when there is a logger and the list is not empty.
   logging::HParams hparams = {};
+  // An MLflow run (an mlruns/ folder, logging/mlflow.hpp) beside the logs of the logger the
+  // Trainer makes in log_dir, when mlflow.tracking_dir is set: the scalars as metrics, hparams as
+  // params. A fit that resumes a checkpoint continues the run <log_dir>/mlflow_run_id names
+  // (its metrics after the checkpoint's step dropped: one history, as if never interrupted); a
+  // fit from step 0 starts a new run. Status FINISHED, KILLED (cancelled) or FAILED (fit threw).
+  // With mlflow.log_checkpoints, the last and the best checkpoint are copied into the run's
+  // artifacts/checkpoints/ at the end. (A logger of the caller's gets its MLflow run through its
+  // own MetricsLoggerOptions; the Trainer still tells it resume_at and the outcome.)
+  logging::MlflowOptions mlflow = {};
 
   ProfileWindow profile = {};
   ProgressOptions progress = {};  // the bar (rank 0 only)

@@ -134,6 +134,11 @@ inline Trainer::Trainer(TrainerOptions options) : opt_(std::move(options)) {
                 "Trainer: early_stopping.patience must be >= 1 and min_delta >= 0, got ", o.early_stopping.patience,
                 " and ", o.early_stopping.min_delta);
   EMBER_CHECK(o.log_every_steps >= 1, ValueError, "Trainer: log_every_steps must be >= 1, got ", o.log_every_steps);
+  if (!o.mlflow.tracking_dir.empty())
+    EMBER_CHECK(!o.log_dir.empty() && o.logger == nullptr, ValueError, "Trainer: mlflow.tracking_dir is '",
+                o.mlflow.tracking_dir.string(), "' but ",
+                o.logger ? "a logger is given (give it MetricsLoggerOptions::mlflow instead)"
+                         : "log_dir is empty (the run id is kept there)");
   EMBER_CHECK(o.profile.steps >= 0 && o.profile.start_step >= 0, ValueError,
               "Trainer: profile.steps and profile.start_step must be >= 0, got ", o.profile.steps, " and ",
               o.profile.start_step);

@@ -89,6 +89,7 @@ class TrainingRun {
   // ---- the phases, in the order run() calls them ----
   void resume();
   void open_logger();
+  void log_checkpoint_artifacts();
   void report_already_complete();
   void run_epochs();
   bool budget_left() const;
@@ -289,9 +290,13 @@ inline void TrainingRun::open_logger() {
   if (options_.logger) {
     logger_ = options_.logger;
   } else if (!options_.log_dir.empty()) {
-    own_logger_ = std::make_unique<logging::MetricsLogger>(options_.log_dir);
+    logging::MetricsLoggerOptions lo;
+    lo.mlflow = options_.mlflow;
+    lo.mlflow.resume = lo.mlflow.resume || state_.start_step > 0;  // a fresh fit is a new run
+    own_logger_ = std::make_unique<logging::MetricsLogger>(options_.log_dir, lo);
     logger_ = own_logger_.get();
   }
+  if (logger_ && state_.start_step > 0) logger_->resume_at(state_.start_step);
   if (logger_ && !options_.hparams.empty()) logger_->log_hparams(options_.hparams);
 }
 
@@ -459,7 +464,21 @@ inline void TrainingRun::finish() {
   if (checkpoints_) checkpoints_->wait();  // the last save_async commits (and its error is thrown) before fit returns
   profile_.report(state_.step, progress_, logger_);  // a window the run ended inside of
   progress_.finish();
+  if (logger_) {
+    log_checkpoint_artifacts();
+    if (result_.cancelled) logger_->set_outcome(logging::RunOutcome::Killed);
+  }
   if (own_logger_) own_logger_->close();
+}
+
+// The run's last and best checkpoints, copied into the MLflow run's artifacts/checkpoints/.
+inline void TrainingRun::log_checkpoint_artifacts() {
+  logging::MlflowRun* run = logger_->mlflow();
+  if (!run || !run->options().log_checkpoints) return;
+  const std::filesystem::path last = result_.last_checkpoint.empty() ? result_.resumed_from : result_.last_checkpoint;
+  if (!last.empty() && std::filesystem::exists(last)) run->log_artifact(last, "checkpoints");
+  if (!best_checkpoint_path_.empty() && std::filesystem::exists(best_checkpoint_path_))
+    run->log_artifact(best_checkpoint_path_, "checkpoints/best");
 }
 
 // The exception about to leave fit: the bar closed, the profiler stopped, every callback told.
@@ -469,6 +488,11 @@ inline void TrainingRun::fail(std::exception_ptr e) noexcept {
   } catch (...) {
   }
   profile_.abandon();
+  try {
+    if (logger_) logger_->set_outcome(logging::RunOutcome::Failed);
+    if (own_logger_) own_logger_->close();
+  } catch (...) {  // the training error is the one to report
+  }
   for (auto& cb : trainer_.callbacks_) {
     try {
       cb->on_exception(state_, e);
