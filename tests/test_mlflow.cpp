@@ -24,6 +24,7 @@
 #include "ember/logging/metrics_logger.hpp"
 #include "ember/logging/mlflow.hpp"
 #include "ember/train/trainer.hpp"
+#include "python_check.hpp"
 #include "temp_dir.hpp"
 #include "test_util.hpp"
 
@@ -45,47 +46,9 @@ std::map<std::string, std::string> run_meta(const logging::MlflowRun& run) {
 // mlflow is not importable (the test then says SKIPPED).
 std::optional<nlohmann::json> read_with_mlflow(const fs::path& root, const std::string& run_id,
                                                const std::string& experiment) {
-  const std::string py = EMBER_PYTHON_EXE;
-  if (py.empty()) {
-    std::printf("SKIPPED: no Python interpreter configured (EMBER_PYTHON)\n");
-    return std::nullopt;
-  }
-  const fs::path script = root.parent_path() / "read_mlruns.py";
-  std::ofstream(script) << R"PY(import json, os, pathlib, sys, warnings
-warnings.filterwarnings("ignore")
-os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 keeps the file store behind this switch
-try:
-    from mlflow.tracking import MlflowClient
-except Exception as e:  # noqa: BLE001
-    print("SKIPPED: mlflow is not importable: %s" % e)
-    sys.exit(0)
-root, run_id, name = sys.argv[1], sys.argv[2], sys.argv[3]
-c = MlflowClient(tracking_uri=pathlib.Path(root).as_uri())
-exp = c.get_experiment_by_name(name)
-run = c.get_run(run_id)
-def walk(path=None):
-    out = []
-    for f in c.list_artifacts(run_id, path):
-        out.append(f.path + ("/" if f.is_dir else ""))
-        if f.is_dir:
-            out += walk(f.path)
-    return out
-hist = {k: [[m.step, repr(m.value), m.timestamp] for m in c.get_metric_history(run_id, k)] for k in run.data.metrics}
-print("RESULT " + json.dumps({
-    "experiment_id": exp.experiment_id if exp else None,
-    "experiments": sorted(e.name for e in c.search_experiments()),
-    "status": run.info.status, "run_name": run.info.run_name, "run_experiment": run.info.experiment_id,
-    "end_time": run.info.end_time, "params": run.data.params, "tags": run.data.tags,
-    "metrics": hist, "artifacts": sorted(walk()),
-    "runs": [r.info.run_id for r in c.search_runs([run.info.experiment_id])]}))
-)PY";
-  const std::string cmd = "'" + py + "' '" + script.string() + "' '" + root.string() + "' '" + run_id + "' '" +
-                          experiment + "' 2>&1";
-  const auto [out, rc] = testing::run_command(cmd);
-  if (out.find("SKIPPED: ") != std::string::npos) {
-    std::printf("%s", out.c_str());
-    return std::nullopt;
-  }
+  const auto run = testing::run_python_check("read_mlflow_run.py", {root.string(), run_id, experiment});
+  if (!run) return std::nullopt;
+  const auto& [out, rc] = *run;
   INFO(out);
   REQUIRE(rc == 0);
   const size_t at = out.find("RESULT ");
