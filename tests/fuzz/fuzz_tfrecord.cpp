@@ -50,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   example(data, size);
   if (auto offsets = decode_tfrecord_index(data, size, 1 << 20, 0))
     for (size_t i = 0; i < offsets->size(); ++i)
-      if ((*offsets)[i] + 16 > (1u << 20)) std::abort();
+      if ((*offsets)[i] > (1u << 20) - 16) std::abort();
   std::vector<uint8_t> bytes(data, data + size);
   try {
     if (detail::tfrecord_looks_gzip(data, size)) bytes = gunzip(data, size, "fuzz", size_t{1} << 22);

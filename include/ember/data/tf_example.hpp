@@ -82,10 +82,10 @@ inline const char* tf_kind_name(TfFeature::Kind k) {
 // Features by name, in the order the record first names them.
 using TfFeatures = std::vector<std::pair<std::string, TfFeature>>;
 
-// How one feature becomes a tensor: its dtype and shape (one dimension may be -1).
+// How one feature becomes a tensor: its dtype and shape (one dimension may be -1; {} is a scalar).
 struct TfFeatureSpec {
   DType dtype = DType::Float32;
-  Shape shape;
+  std::vector<int64_t> shape;
 };
 using TfSpec = std::map<std::string, TfFeatureSpec>;
 
@@ -268,24 +268,29 @@ void convert_values(const std::vector<From>& in, To* out, const std::string& wha
 }
 
 // The spec's shape with its -1 filled in for `count` elements, or a FormatError.
-inline Shape resolve_spec_shape(const Shape& spec, int64_t count, const std::string& what) {
-  int64_t known = 1, infer = -1;
-  for (int d = 0; d < spec.dim(); ++d) {
-    EMBER_CHECK(spec[d] >= -1 && !(spec[d] == -1 && infer >= 0), ValueError, what, ": spec shape ", spec.str(),
-                " (dimensions are >= 0, at most one -1)");
-    if (spec[d] == -1) infer = d;
+inline Shape resolve_spec_shape(const std::vector<int64_t>& spec, int64_t count, const std::string& what) {
+  std::string text = "[";
+  for (size_t d = 0; d < spec.size(); ++d) text += (d ? ", " : "") + std::to_string(spec[d]);
+  text += "]";
+  int64_t known = 1;
+  int infer = -1;
+  EMBER_CHECK(spec.size() <= static_cast<size_t>(kMaxDims), ValueError, what, ": spec shape ", text, " has more than ",
+              kMaxDims, " dimensions");
+  for (size_t d = 0; d < spec.size(); ++d) {
+    EMBER_CHECK(spec[d] >= -1 && !(spec[d] == -1 && infer >= 0) && (spec[d] <= 0 || known <= (int64_t{1} << 48) / spec[d]),
+                ValueError, what, ": spec shape ", text, " (dimensions are >= 0, at most one -1)");
+    if (spec[d] == -1) infer = static_cast<int>(d);
     else known *= spec[d];
   }
-  Shape s = spec;
+  std::vector<int64_t> dims = spec;
   if (infer >= 0) {
     EMBER_CHECK(known > 0 && count % known == 0, FormatError, what, ": ", count, " elements do not fill spec shape ",
-                spec.str());
-    s[static_cast<int>(infer)] = count / known;
+                text);
+    dims[static_cast<size_t>(infer)] = count / known;
   } else {
-    EMBER_CHECK(known == count, FormatError, what, ": ", count, " elements, but spec shape ", spec.str(), " holds ",
-                known);
+    EMBER_CHECK(known == count, FormatError, what, ": ", count, " elements, but spec shape ", text, " holds ", known);
   }
-  return s;
+  return Shape(dims);
 }
 
 inline AnyTensor tf_feature_to_tensor(const TfFeature& f, const TfFeatureSpec* spec, const std::string& what) {
@@ -458,30 +463,20 @@ inline TfFeatures example_to_tf_features(const Example& ex) {
                 "' must be a defined host tensor");
     const size_t n = static_cast<size_t>(t.numel());
     const void* p = n ? t.data_ptr() : nullptr;
+    const auto as = [&](auto to, auto from) {  // the n elements at p, as `to`'s type
+      using From = decltype(from);
+      const auto* q = static_cast<const From*>(p);
+      return std::vector<decltype(to)>(q, q + n);
+    };
     TfFeature f;
     switch (t.dtype()) {
-      case DType::UInt8:
-        f = TfFeature::of_bytes({std::string(static_cast<const char*>(p), n)});
-        break;
-      case DType::Int64:
-        f = TfFeature::of_ints(std::vector<int64_t>(static_cast<const int64_t*>(p), static_cast<const int64_t*>(p) + n));
-        break;
-      case DType::Int32:
-        f = TfFeature::of_ints(std::vector<int64_t>(static_cast<const int32_t*>(p), static_cast<const int32_t*>(p) + n));
-        break;
-      case DType::Float32:
-        f = TfFeature::of_floats(std::vector<float>(static_cast<const float*>(p), static_cast<const float*>(p) + n));
-        break;
-      case DType::Float64:
-        f = TfFeature::of_floats(std::vector<float>(static_cast<const double*>(p), static_cast<const double*>(p) + n));
-        break;
-      case DType::Float16:
-        f = TfFeature::of_floats(std::vector<float>(static_cast<const half*>(p), static_cast<const half*>(p) + n));
-        break;
-      case DType::BFloat16:
-        f = TfFeature::of_floats(
-            std::vector<float>(static_cast<const bfloat16*>(p), static_cast<const bfloat16*>(p) + n));
-        break;
+      case DType::UInt8: f = TfFeature::of_bytes({std::string(static_cast<const char*>(p), n)}); break;
+      case DType::Int64: f = TfFeature::of_ints(as(int64_t{}, int64_t{})); break;
+      case DType::Int32: f = TfFeature::of_ints(as(int64_t{}, int32_t{})); break;
+      case DType::Float32: f = TfFeature::of_floats(as(float{}, float{})); break;
+      case DType::Float64: f = TfFeature::of_floats(as(float{}, double{})); break;
+      case DType::Float16: f = TfFeature::of_floats(as(float{}, half{})); break;
+      case DType::BFloat16: f = TfFeature::of_floats(as(float{}, bfloat16{})); break;
     }
     out.emplace_back(name, std::move(f));
   }

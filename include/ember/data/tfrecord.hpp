@@ -158,7 +158,8 @@ inline std::optional<std::vector<uint64_t>> decode_tfrecord_index(const uint8_t*
   std::vector<uint64_t> offsets(static_cast<size_t>(count));
   for (size_t i = 0; i < offsets.size(); ++i) {
     offsets[i] = detail::le64(p + 40 + 8 * i);
-    if (offsets[i] + 16 > file_size || (i > 0 && offsets[i] <= offsets[i - 1]) || (i == 0 && offsets[0] != 0))
+    if (file_size < 16 || offsets[i] > file_size - 16 || (i > 0 && offsets[i] <= offsets[i - 1]) ||
+        (i == 0 && offsets[0] != 0))
       return std::nullopt;
   }
   return offsets;
