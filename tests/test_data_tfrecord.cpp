@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "ember/data/tfrecord.hpp"
-#include "ember/logging/crc32c.hpp"
+#include "ember/io/crc32c.hpp"
 #include "temp_dir.hpp"
 #include "test_util.hpp"
 
@@ -518,7 +518,7 @@ TEST_CASE("tfrecord: the writer replaces its file only on finish(), and frames r
   const auto b = read_all(path);
   REQUIRE(b.size() == 18);
   CHECK(data::detail::le64(b.data()) == 2);
-  CHECK(data::detail::le32(b.data() + 8) == logging::mask_crc32c(logging::crc32c(b.data(), 8)));
-  CHECK(data::detail::le32(b.data() + 14) == logging::mask_crc32c(logging::crc32c("hi", 2)));
+  CHECK(data::detail::le32(b.data() + 8) == io::mask_crc32c(io::crc32c(b.data(), 8)));
+  CHECK(data::detail::le32(b.data() + 14) == io::mask_crc32c(io::crc32c("hi", 2)));
   CHECK(index_tfrecord(b.data(), b.size(), "w", true) == std::vector<uint64_t>{0});
 }
