@@ -209,6 +209,7 @@ TEST_CASE("tfrecord: a sharded pattern reads its files in name order, as the tfr
   REQUIRE(two.size() == 6);
   CHECK(two.get(0).get<int64_t>("label").to_vector()[0] == 5);
   CHECK(two.get(1).get<int64_t>("label").to_vector()[0] == 0);
+  CHECK(TfRecordDataset({dir / "shard-00001-of-00003"}, TfRecordOptions{}).size() == 3);  // a braced list of one
   CHECK_THROWS_AS(TfRecordDataset(dir / "nothing-*"), IOError);
 }
 

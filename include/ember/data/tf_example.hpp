@@ -27,6 +27,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -152,6 +153,20 @@ class ProtoReader {
     if (wire != want)
       fail(::ember::detail::str_cat("bad protobuf wire type ", wire, " for ", field, " (expected ", want, ")"), at);
   }
+  // The next occurrence of length-delimited field `number` (other fields skipped), or nothing at the end.
+  std::optional<ProtoReader> next_message(uint64_t number, const char* name) {
+    while (!done()) {
+      const size_t at = offset();
+      const auto [field, wire] = tag();
+      if (field != number) {
+        skip(wire);
+        continue;
+      }
+      expect_wire(wire, 2, name, at);
+      return sub(name);
+    }
+    return std::nullopt;
+  }
   const uint8_t* data() const { return p_; }
   size_t size() const { return n_; }
 
@@ -214,15 +229,8 @@ inline void parse_tf_feature(ProtoReader r, TfFeature& f) {
 }
 
 inline void parse_tf_features(ProtoReader r, TfFeatures& out, std::unordered_map<std::string, size_t>& where) {
-  while (!r.done()) {
-    const size_t at = r.offset();
-    const auto [field, wire] = r.tag();
-    if (field != 1) {
-      r.skip(wire);
-      continue;
-    }
-    r.expect_wire(wire, 2, "Features.feature", at);
-    ProtoReader entry = r.sub("a feature map entry");
+  while (auto e = r.next_message(1, "Features.feature")) {
+    ProtoReader& entry = *e;
     std::string key;
     TfFeature value;
     while (!entry.done()) {
@@ -370,16 +378,8 @@ inline TfFeatures parse_tf_example(const uint8_t* data, size_t size, const std::
   TfFeatures out;
   std::unordered_map<std::string, size_t> where;
   detail::ProtoReader r(data, size, 0, source);
-  while (!r.done()) {
-    const size_t at = r.offset();
-    const auto [field, wire] = r.tag();
-    if (field != 1) {
-      r.skip(wire);
-      continue;
-    }
-    r.expect_wire(wire, 2, "Example.features", at);
-    detail::parse_tf_features(r.sub("Example.features"), out, where);  // repeated: merged
-  }
+  while (auto features = r.next_message(1, "Example.features"))
+    detail::parse_tf_features(*features, out, where);  // a repeated message field is merged
   return out;
 }
 

@@ -8,7 +8,7 @@
 // (masked: ((crc >> 15) | (crc << 17)) + 0xa282ead8, io/crc32c.hpp). A whole file may be gzip-compressed
 // (TF's compression_type="GZIP").
 //
-//   data::TfRecordDataset train({"mnist/train-?????-of-00004"},
+//   data::TfRecordDataset train("mnist/train-*-of-00004",
 //                               {.spec = {{"image", {DType::UInt8, {28, 28}}}, {"label", {DType::Int64, {}}}}});
 //   data::Example e = train.get(0);   // "image" uint8 [28, 28], "label" int64 []
 //
@@ -31,6 +31,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -208,8 +210,10 @@ class TfRecordDataset : public Dataset {
       n_ += static_cast<int64_t>(f.offsets.size());
     }
   }
-  explicit TfRecordDataset(const std::string& file_or_pattern, TfRecordOptions options = {})
-      : TfRecordDataset(std::vector<std::string>{file_or_pattern}, std::move(options)) {}
+  // One path or pattern. A template, so that a braced list ({"a"}, {"a", "b"}) always means the list.
+  template <class S, class = std::enable_if_t<std::is_convertible_v<const S&, std::string_view>>>
+  explicit TfRecordDataset(const S& file_or_pattern, TfRecordOptions options = {})
+      : TfRecordDataset(std::vector<std::string>{std::string(std::string_view(file_or_pattern))}, std::move(options)) {}
 
   int64_t size() const override { return n_; }
   Example get(int64_t i) const override {
