@@ -17,6 +17,7 @@
 
 #include "ember/data/tfrecord.hpp"
 #include "ember/io/crc32c.hpp"
+#include "python_check.hpp"
 #include "temp_dir.hpp"
 #include "test_util.hpp"
 
@@ -49,25 +50,16 @@ void write_all(const fs::path& p, const std::vector<uint8_t>& b) {
 }
 
 // Runs the fixture script; nullopt (after printing SKIPPED) where Python or the package is missing.
-std::optional<std::string> run_script(const std::string& args) {
-  const std::string py = EMBER_PYTHON_EXE;
-  if (py.empty()) {
-    std::printf("SKIPPED: no Python interpreter configured (EMBER_PYTHON)\n");
-    return std::nullopt;
-  }
-  const auto r = testing::run_command("'" + py + "' '" EMBER_SOURCE_DIR "/tests/interop/make_tfrecord_fixtures.py' " +
-                                      args + " 2>&1");
-  if ((WIFEXITED(r.status) && WEXITSTATUS(r.status) == 127) || r.out.find("SKIPPED: ") != std::string::npos) {
-    std::printf("SKIPPED: %s\n", r.out.c_str());
-    return std::nullopt;
-  }
-  INFO(r.out);
-  REQUIRE(WIFEXITED(r.status));
-  REQUIRE(WEXITSTATUS(r.status) == 0);
-  return r.out;
+std::optional<std::string> run_script(const std::vector<std::string>& args) {
+  const auto r = testing::run_python_check("make_tfrecord_fixtures.py", args);
+  if (!r) return std::nullopt;
+  INFO(r->out);
+  REQUIRE(WIFEXITED(r->status));
+  REQUIRE(WEXITSTATUS(r->status) == 0);
+  return r->out;
 }
 
-bool make_fixtures(const TempDir& dir) { return run_script("make '" + dir.path.string() + "'").has_value(); }
+bool make_fixtures(const TempDir& dir) { return run_script({"make", dir.path.string()}).has_value(); }
 
 // What the reference decodes: per record, per feature, its kind and the value tokens.
 struct RefFeature {
@@ -77,7 +69,7 @@ struct RefFeature {
 using RefRecord = std::map<std::string, RefFeature>;
 
 std::optional<std::vector<RefRecord>> reference_dump(const std::string& file) {
-  auto out = run_script("dump '" + file + "'");
+  auto out = run_script({"dump", file});
   if (!out) return std::nullopt;
   std::vector<RefRecord> recs;
   std::istringstream in(*out);
