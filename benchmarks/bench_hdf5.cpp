@@ -11,7 +11,8 @@
 //   bench_hdf5 [--dir /tmp] [--samples 70000] [--reps 2] [--cache-mb 64] [--gzip-default-cache-rows 5000]
 // The gzip file with the default cache decompresses a chunk for about every row (~2,400 rows/s on
 // a 2-core machine): it reads only the first --gzip-default-cache-rows of the order.
-// Prints a table and one JSON line per measurement (the best of --reps passes after a warm-up pass; docs/data.md, "HDF5", has the figures).
+// Prints a table and one JSON line per measurement: the best of --reps passes after a warm-up
+// pass (docs/data.md, "HDF5", has the figures).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
