@@ -71,7 +71,12 @@ class Hdf5Dataset : public Dataset {
     EMBER_CHECK(std::filesystem::is_regular_file(path, ec), IOError, "hdf5: cannot open '", path,
                 "': no such file");
     detail::Hdf5Lock lock;
-    EMBER_CHECK(H5Fis_hdf5(path.c_str()) > 0, FormatError, "hdf5: '", path,
+#if H5_VERSION_GE(1, 12, 0)
+    const htri_t is_hdf5 = H5Fis_accessible(path.c_str(), H5P_DEFAULT);
+#else
+    const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+#endif
+    EMBER_CHECK(is_hdf5 > 0, FormatError, "hdf5: '", path,
                 "' is not an HDF5 file (no HDF5 signature): ", detail::hdf5_error_stack());
     file_ = detail::Hid(detail::hdf5_check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "H5Fopen",
                                            detail::hdf5_where(path)),
