@@ -28,10 +28,11 @@
 
 namespace ember::data {
 
-// The lock around every HDF5 call in this process (see the header comment).
+// The lock around every HDF5 call in this process (see the header comment). Never destroyed, so
+// that a dataset or writer in a static object can still close its handles at exit.
 inline std::recursive_mutex& hdf5_mutex() {
-  static std::recursive_mutex mu;
-  return mu;
+  static auto* mu = new std::recursive_mutex;
+  return *mu;
 }
 
 namespace detail {
