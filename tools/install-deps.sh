@@ -8,9 +8,10 @@ packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev libopenblas-d
           zlib1g-dev python3 python3-sklearn libopenmpi-dev openmpi-bin
           liblmdb-dev lmdb-utils libpng-dev libjpeg-dev dataset-fashion-mnist python3-venv
           clang libclang-rt-14-dev libomp-14-dev clang-19 libc++-19-dev libc++abi-19-dev
-          libdnnl-dev libopenblas0-openmp)
+          libdnnl-dev libopenblas0-openmp libhdf5-dev)
 # libopenblas0-openmp: OpenBLAS's OpenMP build, which ember links when its kernels use OpenMP (one
 # thread pool; cmake/EmberBlas.cmake). libopenblas.so.0 keeps naming the pthread build.
+# libhdf5-dev: HDF5's C library for data/hdf5.hpp (optional in CMake: HDF5 datasets off without it).
 # libdnnl-dev: oneDNN, ember's fp32 CPU convolutions (optional in CMake: im2col + GEMM without it).
 # libomp-14-dev: LLVM's OpenMP runtime and Archer for clang 14, which ThreadSanitizer understands
 # (tools/sanitize.sh tsan-openmp).

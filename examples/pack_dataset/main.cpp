@@ -1,20 +1,27 @@
 // pack_dataset: turns a dataset of many small records (an image folder, IDX files, a CSV file,
-// .npy files) into one LMDB database of ember records (data/record.hpp), with a progress bar, then
-// reads every record back and compares it with the source.
+// .npy files) into one LMDB database of ember records (data/record.hpp), or into an HDF5 file with
+// one dataset per field, with a progress bar, then reads every record back and compares it with
+// the source.
 //
 //   pack_dataset --out DB --images ROOT [--keep-encoded 1]     root/<class>/<file>.png|jpg
 //   pack_dataset --out DB --idx-images F --idx-labels F        MNIST-style IDX (gzip or plain)
 //   pack_dataset --out DB --fashion-mnist train|test           Debian's dataset-fashion-mnist
 //   pack_dataset --out DB --csv FILE [--label-column NAME] [--header 1] [--skip-rows 0]
 //   pack_dataset --out DB --npy FIELD=FILE[,FIELD=FILE...]
-//   common: [--limit N] (first N samples) [--overwrite 0|1]
+//   common: [--limit N] (first N samples) [--overwrite 0|1] [--format lmdb|hdf5] [--gzip 0-9]
 //
 // --keep-encoded 1 stores image files' PNG/JPEG bytes as they are (read back with
 // LmdbDataset(path, data::decode_image)); otherwise decoded uint8 [H, W, C]. Prints one JSON line.
+// --format: lmdb unless given or the output ends in .h5 or .hdf5. HDF5 (data/hdf5.hpp) stores
+// field F as the dataset F of shape [samples, field shape...], chunked and gzip-compressed at
+// level --gzip (default 4; 0 for none): every sample's field must have the first one's shape and
+// dtype (encoded images, whose byte counts differ, are LMDB only). Read back with
+// data::Hdf5Dataset(out, {fields...}).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 
@@ -24,6 +31,9 @@
 #include <ember/data/lmdb.hpp>
 #include <ember/data/npy.hpp>
 #include <ember/ember.hpp>
+#ifdef EMBER_HAVE_HDF5
+#include <ember/data/hdf5.hpp>
+#endif
 
 #include "../common/args.hpp"
 
@@ -48,16 +58,57 @@ bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+#ifdef EMBER_HAVE_HDF5
+// One dataset per field, shaped and typed by sample 0; returns the bytes of the rows written.
+int64_t pack_hdf5(const data::Dataset& source, int64_t n, const std::string& out, int gzip,
+                  const std::function<void(int64_t)>& progress) {
+  data::Hdf5Writer writer(out);
+  int64_t bytes = 0;
+  std::vector<std::pair<std::string, AnyTensor>> first;
+  for (int64_t i = 0; i < n; ++i) {
+    const data::Example ex = source.get(i);
+    if (i == 0)
+      for (const auto& [name, t] : ex.fields()) {
+        writer.create(name, t.dtype(), t.shape(), {.gzip_level = gzip});
+        first.emplace_back(name, t);
+      }
+    for (const auto& [name, t] : first) {
+      const AnyTensor& v = ex[name];
+      if (v.dtype() != t.dtype() || v.shape() != t.shape())
+        throw ShapeError("pack_dataset: sample " + std::to_string(i) + " field '" + name + "' is " + v.desc() +
+                         " but sample 0's is " + t.desc() + "; an HDF5 dataset needs one row shape (use --format lmdb)");
+      writer.append(name, v);
+      bytes += static_cast<int64_t>(v.nbytes());
+    }
+    progress(i + 1);
+  }
+  writer.finish();
+  return bytes;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
                       {{"out", ""}, {"images", ""}, {"keep-encoded", "0"}, {"idx-images", ""}, {"idx-labels", ""},
                        {"fashion-mnist", ""}, {"csv", ""}, {"label-column", ""}, {"header", "1"}, {"skip-rows", "0"},
-                       {"npy", ""}, {"limit", "0"}, {"overwrite", "0"}});
+                       {"npy", ""}, {"limit", "0"}, {"overwrite", "0"}, {"format", ""}, {"gzip", "4"}});
   const std::string out = args.str("out");
   if (out.empty()) throw ValueError("--out DB is required");
   const bool keep_encoded = args.integer("keep-encoded") != 0;
+  std::string format = args.str("format");
+  if (format.empty()) format = ends_with(out, ".h5") || ends_with(out, ".hdf5") ? "hdf5" : "lmdb";
+  if (format != "lmdb" && format != "hdf5") throw ValueError("--format is lmdb or hdf5, got '" + format + "'");
+#ifndef EMBER_HAVE_HDF5
+  if (format == "hdf5") throw ValueError("--format hdf5: this pack_dataset was built without HDF5 (libhdf5-dev)");
+#endif
+  if (format == "hdf5" && keep_encoded)
+    throw ValueError("--keep-encoded 1 stores PNG/JPEG files of different sizes, which an HDF5 dataset cannot; use --format lmdb");
 
   std::unique_ptr<data::Dataset> source;
   const data::ImageFolderDataset* folder = nullptr;
@@ -91,12 +142,20 @@ int main(int argc, char** argv) try {
   int64_t n = source->size();
   if (args.integer("limit") > 0) n = std::min(n, args.integer("limit"));
   if (args.integer("overwrite") && std::filesystem::exists(out)) std::filesystem::remove_all(out);
+  if (format == "hdf5" && std::filesystem::exists(out))  // as LmdbWriter refuses to
+    throw IOError("'" + out + "' exists; remove it first (or --overwrite 1)");
+  if (format == "hdf5" && n == 0) throw ValueError("--format hdf5: no samples to pack (the datasets take sample 0's shapes)");
 
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   int64_t bytes = 0;
-  {
+#ifdef EMBER_HAVE_HDF5
+  if (format == "hdf5")
+    bytes = pack_hdf5(*source, n, out, static_cast<int>(args.integer("gzip")),
+                      [&](int64_t done) { progress_bar("pack", done, n, since(t0)); });
+#endif
+  if (format == "lmdb") {
     data::LmdbWriter writer(out);
     for (int64_t i = 0; i < n; ++i) {
       std::vector<data::RecordField> fields;
@@ -119,7 +178,19 @@ int main(int argc, char** argv) try {
 
   // Verification: every record read back equals its source sample.
   const auto t1 = clock::now();
-  data::LmdbDataset packed(out, keep_encoded ? data::ImageDecoder(data::decode_image) : data::ImageDecoder());
+  std::unique_ptr<data::Dataset> packed_file;
+  if (format == "lmdb") {
+    packed_file = std::make_unique<data::LmdbDataset>(out, keep_encoded ? data::ImageDecoder(data::decode_image)
+                                                                        : data::ImageDecoder());
+  } else {
+#ifdef EMBER_HAVE_HDF5
+    std::vector<std::string> names;
+    const data::Example sample0 = source->get(0);  // named: fields() refers into it
+    for (const auto& [name, t] : sample0.fields()) names.push_back(name);
+    packed_file = std::make_unique<data::Hdf5Dataset>(out, names);
+#endif
+  }
+  const data::Dataset& packed = *packed_file;
   if (packed.size() != n)
     throw FormatError("verify: '" + out + "' holds " + std::to_string(packed.size()) + " records, wrote " + std::to_string(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -130,9 +201,10 @@ int main(int argc, char** argv) try {
                           "' differs from the source");
     progress_bar("verify", i + 1, n, since(t1));
   }
-  std::printf("{\"example\": \"pack_dataset\", \"out\": \"%s\", \"records\": %lld, \"record_bytes\": %lld, "
-              "\"pack_seconds\": %.3f, \"verify_seconds\": %.3f, \"verified\": true}\n",
-              out.c_str(), static_cast<long long>(n), static_cast<long long>(bytes), pack_seconds, since(t1));
+  std::printf("{\"example\": \"pack_dataset\", \"out\": \"%s\", \"format\": \"%s\", \"records\": %lld, "
+              "\"record_bytes\": %lld, \"pack_seconds\": %.3f, \"verify_seconds\": %.3f, \"verified\": true}\n",
+              out.c_str(), format.c_str(), static_cast<long long>(n), static_cast<long long>(bytes), pack_seconds,
+              since(t1));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "pack_dataset: %s\n", e.what());
