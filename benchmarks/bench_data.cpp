@@ -1,9 +1,11 @@
 // bench_data: the small-files case and loader overlap (docs/data.md has the figures).
 //
 // 1. Fashion-MNIST (70,000 images, 28x28) written out as one PNG file per image
-//    (root/<label>/<index>.png) versus the same samples packed in LMDB (raw uint8 records):
-//    samples per second read and decoded through data::DataLoader with 0, 1 and 2 workers (and the
-//    IDX tensors in memory, for reference).
+//    (root/<label>/<index>.png) versus the same samples packed in LMDB (raw uint8 records), in
+//    HDF5 (one chunked dataset per field, no compression, a chunk cache that holds the file; built
+//    with HDF5 only) and in TFRecord (tf.train.Example records: the image as bytes, the label as
+//    int64): samples per second read and decoded through data::DataLoader with 0, 1 and 2 workers
+//    (and the IDX tensors in memory, for reference).
 // 2. Overlap: a loop whose step is emulated compute (a sleep of --step-ms per batch), over the
 //    PNG folder: the share of the step the training thread waits for data, by worker count.
 //    With workers and prefetch it must fall under 5% whenever loading is faster than compute.
@@ -11,7 +13,8 @@
 //   bench_data [--dir /tmp/ember_bench_data] [--samples 70000] [--batch 256] [--workers 0,1,2]
 //              [--step-ms 0 (auto: 1.5x the 2-worker load time per batch)] [--overlap-batches 60]
 //
-// The first run writes the PNG folder and the LMDB database under --dir (kept for later runs).
+// The first run writes the PNG folder, the LMDB database, the HDF5 and the TFRecord files under
+// --dir (kept for later runs).
 // Prints a table and one JSON line per measurement. benchmarks/bench_data_torch.py is the
 // PyTorch twin (its DataLoader over the same PNG folder and over in-memory tensors).
 #include <chrono>
@@ -25,6 +28,10 @@
 #include <ember/data/idx.hpp>
 #include <ember/data/images.hpp>
 #include <ember/data/lmdb.hpp>
+#include <ember/data/tfrecord.hpp>
+#ifdef EMBER_HAVE_HDF5
+#include <ember/data/hdf5.hpp>
+#endif
 #include <ember/ember.hpp>
 
 using namespace ember;
@@ -106,19 +113,40 @@ int main(int argc, char** argv) try {
     }
     w.finish();
   }
+  const std::string tfrecord_path = (fs::path(dir) / ("fashion_" + std::to_string(n) + ".tfrecord")).string();
+  if (!fs::exists(tfrecord_path)) {
+    data::TfRecordWriter w(tfrecord_path);
+    for (int64_t i = 0; i < n; ++i) w.write(all.get(i));
+    w.finish();
+  }
   data::ImageFolderDataset pngs(png_root.string());
   data::LmdbDataset packed(lmdb_path);
+  data::TfRecordDataset tfrecords(tfrecord_path, {.spec = {{"image", {DType::UInt8, {28, 28}}}, {"label", {DType::Int64, {}}}}});
+  std::vector<std::pair<std::string, const data::Dataset*>> sources = {{"png", &pngs}, {"lmdb", &packed}};
+#ifdef EMBER_HAVE_HDF5
+  const std::string hdf5_path = (fs::path(dir) / ("fashion_" + std::to_string(n) + ".h5")).string();
+  if (!fs::exists(hdf5_path)) {
+    data::Hdf5Writer w(hdf5_path);
+    w.create("image", DType::UInt8, Shape{28, 28});
+    w.create("label", DType::Int64, Shape{});
+    for (int64_t i = 0; i < n; ++i) w.append(all.get(i));
+    w.finish();
+  }
+  // A chunk cache that holds the whole file (about 60 MB): shuffled reads then read each chunk
+  // from the file once (docs/data.md, "HDF5").
+  data::Hdf5Dataset hdf5(hdf5_path, {"image", "label"}, {.chunk_cache_bytes = size_t{128} << 20});
+  sources.push_back({"hdf5", &hdf5});
+#endif
+  sources.push_back({"tfrecord", &tfrecords});
+  sources.push_back({"memory", &all});
 
   std::printf("%-10s %8s %14s\n", "source", "workers", "samples/s");
   double png2 = 0;
-  for (const char* source : {"png", "lmdb", "memory"}) {
-    const std::string src = source;
-    const data::Dataset& ds = src == "png" ? static_cast<const data::Dataset&>(pngs)
-                              : src == "lmdb" ? static_cast<const data::Dataset&>(packed)
-                                              : static_cast<const data::Dataset&>(all);
+  for (const auto& [src, ds] : sources) {
+    const char* source = src.c_str();
     for (int w : workers) {
-      const double sps = throughput(ds, w, batch, n);
-      if (std::string(source) == "png" && w == 2) png2 = sps;
+      const double sps = throughput(*ds, w, batch, n);
+      if (src == "png" && w == 2) png2 = sps;
       std::printf("%-10s %8d %14.0f\n", source, w, sps);
       std::printf("{\"bench\": \"data_read\", \"source\": \"%s\", \"workers\": %d, \"batch\": %lld, \"samples\": %lld, "
                   "\"samples_per_second\": %.1f}\n",

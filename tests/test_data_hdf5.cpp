@@ -1,4 +1,4 @@
-// HDF5 datasets (include/ember/data/hdf5.hpp): files h5py writes (tests/test_data_hdf5.py: every
+// HDF5 datasets (include/ember/data/hdf5.hpp): files h5py writes (tests/interop/hdf5_fixtures.py: every
 // dtype, contiguous, chunked and gzip layouts) read bit-exact against the .npy copies it writes
 // too; ember-written files read back by h5py bit-exact; the errors for bad inputs; reads from four
 // threads against serial ones; and Fashion-MNIST packed to HDF5 against its IDX files, down to the
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "python_check.hpp"
 #include "temp_dir.hpp"
 #include "test_util.hpp"
 
@@ -38,22 +39,13 @@ bool same_bytes(const AnyTensor& a, const AnyTensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
-// Runs tests/test_data_hdf5.py; its output, or nothing (and prints SKIPPED) without Python or h5py.
+// Runs tests/interop/hdf5_fixtures.py; its output, or nothing (and prints SKIPPED) without Python or h5py.
 std::optional<std::string> run_python(const std::string& mode, const std::string& arg) {
-  const std::string py = EMBER_PYTHON_EXE;
-  if (py.empty()) {
-    std::printf("SKIPPED: no Python interpreter configured (EMBER_PYTHON)\n");
-    return std::nullopt;
-  }
-  const auto run = testing::run_command("'" + py + "' '" + EMBER_SOURCE_DIR + "/tests/test_data_hdf5.py' " + mode + " '" +
-                                        arg + "' 2>&1");
-  if ((WIFEXITED(run.status) && WEXITSTATUS(run.status) == 127) || run.out.find("SKIPPED: ") != std::string::npos) {
-    std::printf("SKIPPED: %s\n", run.out.c_str());
-    return std::nullopt;
-  }
-  INFO(run.out);
-  REQUIRE(run.status == 0);
-  return run.out;
+  const auto run = testing::run_python_check("hdf5_fixtures.py", {mode, arg});
+  if (!run) return std::nullopt;
+  INFO(run->out);
+  REQUIRE(run->status == 0);
+  return run->out;
 }
 
 // The fixtures, made once per test process (each test case is its own process under ctest).
@@ -154,7 +146,7 @@ TEST_CASE("Hdf5Dataset: bad inputs are errors naming the file, the dataset and t
 TEST_CASE("Hdf5Writer: every dtype, chunked and gzip, read back by h5py and by ember bit-exact", "[data][hdf5]") {
   TempDir dir("ember-hdf5-w");
   const std::string file = dir / "written.h5";
-  // Element k of each dataset (row-major), as tests/test_data_hdf5.py's written_value() computes it.
+  // Element k of each dataset (row-major), as tests/interop/hdf5_fixtures.py's written_value() computes it.
   auto values = [](DType dt, const Shape& s) {
     AnyTensor t = AnyTensor::empty(s, dt);
     dispatch_dtype(dt, [&](auto zero) {

@@ -1,8 +1,8 @@
 """Fixtures and checks for tests/test_data_hdf5.cpp (h5py and numpy).
 
-  test_data_hdf5.py make DIR    writes DIR/dtypes.h5 (every dtype in three layouts), the expected
+  hdf5_fixtures.py make DIR    writes DIR/dtypes.h5 (every dtype in three layouts), the expected
                                 values as .npy, and DIR/bad.h5 (inputs ember must refuse)
-  test_data_hdf5.py check FILE  reads an ember-written FILE and compares it with the values
+  hdf5_fixtures.py check FILE  reads an ember-written FILE and compares it with the values
                                 written_value() computes; prints one "OK name" line per dataset
 
 Prints "SKIPPED: ..." and exits 0 when h5py is not importable.
