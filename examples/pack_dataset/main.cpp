@@ -1,14 +1,14 @@
 // pack_dataset: turns a dataset of many small records (an image folder, IDX files, a CSV file,
-// .npy files) into one LMDB database of ember records (data/record.hpp), or into an HDF5 file with
-// one dataset per field, with a progress bar, then reads every record back and compares it with
-// the source.
+// .npy files) into one LMDB database of ember records (data/record.hpp), an HDF5 file with one
+// dataset per field, or a TFRecord file of tf.train.Example records, with a progress bar, then
+// reads every record back and compares it with the source.
 //
 //   pack_dataset --out DB --images ROOT [--keep-encoded 1]     root/<class>/<file>.png|jpg
 //   pack_dataset --out DB --idx-images F --idx-labels F        MNIST-style IDX (gzip or plain)
 //   pack_dataset --out DB --fashion-mnist train|test           Debian's dataset-fashion-mnist
 //   pack_dataset --out DB --csv FILE [--label-column NAME] [--header 1] [--skip-rows 0]
 //   pack_dataset --out DB --npy FIELD=FILE[,FIELD=FILE...]
-//   common: [--limit N] (first N samples) [--overwrite 0|1] [--format lmdb|hdf5] [--gzip 0-9]
+//   common: [--limit N] (first N samples) [--overwrite 0|1] [--format lmdb|hdf5|tfrecord] [--gzip 0-9]
 //
 // --keep-encoded 1 stores image files' PNG/JPEG bytes as they are (read back with
 // LmdbDataset(path, data::decode_image)); otherwise decoded uint8 [H, W, C]. Prints one JSON line.
@@ -16,7 +16,11 @@
 // field F as the dataset F of shape [samples, field shape...], chunked and gzip-compressed at
 // level --gzip (default 4; 0 for none): every sample's field must have the first one's shape and
 // dtype (encoded images, whose byte counts differ, are LMDB only). Read back with
-// data::Hdf5Dataset(out, {fields...}).
+// data::Hdf5Dataset(out, {fields...}). TFRecord (also chosen by a .tfrecord output; data/tfrecord.hpp):
+// uint8 fields as one bytes value, int32/int64 as int64 lists, float32/16/bf16 as float lists
+// (float64 is refused: TFRecord's floats are float32); --gzip N > 0 compresses the file as a whole
+// (plain by default).
+// TFRecord stores no shapes: read back with TfRecordDataset(out, {.spec = {{field, {dtype, shape}}}}).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +32,7 @@
 #include <ember/data/csv.hpp>
 #include <ember/data/idx.hpp>
 #include <ember/data/images.hpp>
+#include <ember/data/tfrecord.hpp>
 #include <ember/data/lmdb.hpp>
 #include <ember/data/npy.hpp>
 #include <ember/ember.hpp>
@@ -97,18 +102,20 @@ int main(int argc, char** argv) try {
   examples::Args args(argc, argv,
                       {{"out", ""}, {"images", ""}, {"keep-encoded", "0"}, {"idx-images", ""}, {"idx-labels", ""},
                        {"fashion-mnist", ""}, {"csv", ""}, {"label-column", ""}, {"header", "1"}, {"skip-rows", "0"},
-                       {"npy", ""}, {"limit", "0"}, {"overwrite", "0"}, {"format", ""}, {"gzip", "4"}});
+                       {"npy", ""}, {"limit", "0"}, {"overwrite", "0"}, {"format", ""}, {"gzip", ""}});
   const std::string out = args.str("out");
   if (out.empty()) throw ValueError("--out DB is required");
   const bool keep_encoded = args.integer("keep-encoded") != 0;
   std::string format = args.str("format");
-  if (format.empty()) format = ends_with(out, ".h5") || ends_with(out, ".hdf5") ? "hdf5" : "lmdb";
-  if (format != "lmdb" && format != "hdf5") throw ValueError("--format is lmdb or hdf5, got '" + format + "'");
+  if (format.empty())
+    format = ends_with(out, ".h5") || ends_with(out, ".hdf5") ? "hdf5" : ends_with(out, ".tfrecord") ? "tfrecord" : "lmdb";
+  if (format != "lmdb" && format != "hdf5" && format != "tfrecord")
+    throw ValueError("--format is lmdb, hdf5 or tfrecord, got '" + format + "'");
 #ifndef EMBER_HAVE_HDF5
   if (format == "hdf5") throw ValueError("--format hdf5: this pack_dataset was built without HDF5 (libhdf5-dev)");
 #endif
-  if (format == "hdf5" && keep_encoded)
-    throw ValueError("--keep-encoded 1 stores PNG/JPEG files of different sizes, which an HDF5 dataset cannot; use --format lmdb");
+  if (format != "lmdb" && keep_encoded)
+    throw ValueError("--keep-encoded 1 stores PNG/JPEG files as they are, which only --format lmdb reads back as images");
 
   std::unique_ptr<data::Dataset> source;
   const data::ImageFolderDataset* folder = nullptr;
@@ -142,19 +149,43 @@ int main(int argc, char** argv) try {
   int64_t n = source->size();
   if (args.integer("limit") > 0) n = std::min(n, args.integer("limit"));
   if (args.integer("overwrite") && std::filesystem::exists(out)) std::filesystem::remove_all(out);
-  if (format == "hdf5" && std::filesystem::exists(out))  // as LmdbWriter refuses to
+  if (format != "lmdb" && std::filesystem::exists(out))  // as LmdbWriter refuses to
     throw IOError("'" + out + "' exists; remove it first (or --overwrite 1)");
-  if (format == "hdf5" && n == 0) throw ValueError("--format hdf5: no samples to pack (the datasets take sample 0's shapes)");
+  if (format != "lmdb" && n == 0)
+    throw ValueError("--format " + format + ": no samples to pack (the file takes sample 0's shapes)");
+  // TFRecord keeps no shapes or dtypes: the reader's spec comes from sample 0 (every sample must match it).
+  data::TfSpec tf_spec;
+  if (format == "tfrecord") {
+    const data::Example sample0 = source->get(0);
+    for (const auto& [name, t] : sample0.fields()) {
+      if (t.dtype() == DType::Float64)
+        throw ValueError("--format tfrecord: field '" + name + "' is float64, which TFRecord stores as float32; use lmdb or hdf5");
+      tf_spec[name] = {t.dtype(), std::vector<int64_t>(t.shape().begin(), t.shape().end())};
+    }
+  }
 
+  // --gzip: HDF5 compresses its chunks at level 4 unless told; TFRecord files are plain unless told
+  // (a gzip file is read into memory whole and gets no cached index).
+  const int gzip_level = args.str("gzip").empty() ? (format == "hdf5" ? 4 : 0) : static_cast<int>(args.integer("gzip"));
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   int64_t bytes = 0;
 #ifdef EMBER_HAVE_HDF5
   if (format == "hdf5")
-    bytes = pack_hdf5(*source, n, out, static_cast<int>(args.integer("gzip")),
+    bytes = pack_hdf5(*source, n, out, gzip_level,
                       [&](int64_t done) { progress_bar("pack", done, n, since(t0)); });
 #endif
+  if (format == "tfrecord") {
+    data::TfRecordWriter writer(out, gzip_level > 0);
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<uint8_t> rec = data::encode_tf_example(source->get(i));
+      bytes += static_cast<int64_t>(rec.size());
+      writer.write(rec);
+      progress_bar("pack", i + 1, n, since(t0));
+    }
+    writer.finish();
+  }
   if (format == "lmdb") {
     data::LmdbWriter writer(out);
     for (int64_t i = 0; i < n; ++i) {
@@ -179,7 +210,9 @@ int main(int argc, char** argv) try {
   // Verification: every record read back equals its source sample.
   const auto t1 = clock::now();
   std::unique_ptr<data::Dataset> packed_file;
-  if (format == "lmdb") {
+  if (format == "tfrecord") {
+    packed_file = std::make_unique<data::TfRecordDataset>(out, data::TfRecordOptions{.spec = tf_spec});
+  } else if (format == "lmdb") {
     packed_file = std::make_unique<data::LmdbDataset>(out, keep_encoded ? data::ImageDecoder(data::decode_image)
                                                                         : data::ImageDecoder());
   } else {
