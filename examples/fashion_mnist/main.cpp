@@ -11,7 +11,7 @@
 //                 [--checkpoint-dir runs/fashion_mnist/checkpoints] [--resume 1]
 //                 [--save PATH] [--load PATH] [--profile trace.json]
 //                 [--export model.onnx] [--int8 1] [--int8-observer percentile|max|mse] [--int8-outputs 0]
-//                 [--calib-batches 16]
+//                 [--calib-batches 16] [--mlflow mlruns]
 //
 // What a run shows and writes: a progress bar (plain lines when stdout is not a terminal) with
 // the test accuracy after each epoch; TensorBoard logs in --log-dir (tensorboard --logdir
@@ -22,6 +22,9 @@
 // after 5 of warm-up, prints the step report and the bottleneck verdict and writes the Chrome
 // trace. --save writes the trained weights (safetensors); --load starts from such a file
 // (--epochs 0: only evaluates it).
+// --mlflow DIR also tracks the run in MLflow's file store DIR (experiment "fashion_mnist": the
+// metrics, the flags as params, the checkpoints and the exported models as artifacts; a resumed
+// run continues the same MLflow run; MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri DIR).
 // --export writes the trained model as ONNX (batch norm folded into the convolutions; opset 21,
 // symbolic batch), with its test accuracy in the metadata; --int8 1 also writes
 // <name>_int8.onnx: the folded model calibrated on --calib-batches training batches (the
@@ -45,6 +48,7 @@
 #include <ember/train/trainer.hpp>
 
 #include <ember/deploy/onnx.hpp>
+#include <ember/logging/mlflow.hpp>
 #include <ember/quant/quantize.hpp>
 
 #include "../common/args.hpp"
@@ -109,7 +113,7 @@ int main(int argc, char** argv) try {
                        {"precision", "fp32"}, {"log-dir", "runs/fashion_mnist"},
                        {"checkpoint-dir", "runs/fashion_mnist/checkpoints"}, {"resume", "1"}, {"load", ""},
                        {"export", ""}, {"int8", "0"}, {"int8-observer", "percentile"}, {"int8-outputs", "0"},
-                       {"calib-batches", "16"}}));
+                       {"calib-batches", "16"}, {"mlflow", ""}}));
   const Device dev = args.device();
   const int64_t epochs = args.integer("epochs"), batch = args.integer("batch-size");
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -155,6 +159,7 @@ int main(int argc, char** argv) try {
                      .resume = args.integer("resume") != 0, .best_metric = "val/accuracy"};
   to.log_dir = args.str("log-dir");
   to.hparams = args.hparams();  // every flag, in hparams.json beside the logs
+  if (!args.str("mlflow").empty()) to.mlflow = {.tracking_dir = args.str("mlflow"), .experiment = "fashion_mnist"};
   if (!args.str("profile").empty()) to.profile = {.steps = 20, .start_step = 5, .trace_path = args.str("profile")};
   train::Trainer trainer(to);
 
@@ -168,6 +173,7 @@ int main(int argc, char** argv) try {
 
   // --export, --int8: the deployed forms, and their accuracy on the same test set.
   std::vector<std::pair<std::string, std::string>> exported;
+  std::vector<std::filesystem::path> exported_files;
   if (!args.str("export").empty()) {
     const std::filesystem::path path = args.str("export");
     auto folded = nn::fold_batch_norm(*model);
@@ -178,6 +184,7 @@ int main(int argc, char** argv) try {
                                            {.training_step = r.steps, .metadata = {{"test_accuracy", examples::num(acc, 4)}}});
     std::printf("exported %s (%zu nodes)\n", path.string().c_str(), er.nodes);
     exported.emplace_back("export", examples::quoted(path.string()));
+    exported_files.push_back(path);
     if (args.integer("int8") != 0) {
       const std::string kind = args.str("int8-observer");
       const quant::ObserverKind ok = kind == "max"   ? quant::ObserverKind::Max
@@ -199,9 +206,19 @@ int main(int argc, char** argv) try {
                                                                      {"int8_observer", kind}}});
       std::printf("exported %s (INT8, %s observer)\n", p8.string().c_str(), kind.c_str());
       exported.emplace_back("export_int8", examples::quoted(p8.string()));
+      exported_files.push_back(p8);
       exported.emplace_back("int8_test_accuracy", examples::num(acc8, 4));
       exported.emplace_back("int8_accuracy_drop_points", examples::num(100.0 * (acc - acc8), 3));
     }
+  }
+  // The MLflow run the Trainer logged into (its id is in <log-dir>/mlflow_run_id) gets the exported
+  // models as artifacts under model/.
+  if (!args.str("mlflow").empty() && !exported_files.empty() && !to.log_dir.empty()) {
+    logging::MlflowRun run({.tracking_dir = args.str("mlflow"), .experiment = "fashion_mnist", .resume = true},
+                           to.log_dir / "mlflow_run_id");
+    for (const auto& f : exported_files) run.log_artifact(f, "model");
+    run.end();
+    std::printf("MLflow run %s: the exported models are its artifacts under model/\n", run.run_id().c_str());
   }
   if (!to.log_dir.empty() && epochs > 0) std::printf("TensorBoard logs: %s (tensorboard --logdir %s)\n",
                                                      to.log_dir.string().c_str(), to.log_dir.string().c_str());

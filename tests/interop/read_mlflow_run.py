@@ -1,7 +1,7 @@
 # MLflow's own client over a file store that ember wrote (tests/test_mlflow.cpp): the run's info,
 # params, tags, every metric's history and the artifact tree, as one JSON line after "RESULT "
 # (values as Python's repr, so that nan and inf survive). Prints SKIPPED when mlflow is missing.
-#   python read_mlflow_run.py <mlruns folder> <run id> <experiment name>
+#   python read_mlflow_run.py <mlruns folder> <run id, or @file holding it> <experiment name>
 import json, os, pathlib, sys, warnings
 warnings.filterwarnings("ignore")
 os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 keeps the file store behind this switch
@@ -11,7 +11,9 @@ except Exception as e:  # noqa: BLE001
     print("SKIPPED: mlflow is not importable: %s" % e)
     sys.exit(0)
 root, run_id, name = sys.argv[1], sys.argv[2], sys.argv[3]
-c = MlflowClient(tracking_uri=pathlib.Path(root).as_uri())
+if run_id.startswith("@"):  # the file a Trainer writes: <log_dir>/mlflow_run_id
+    run_id = pathlib.Path(run_id[1:]).read_text().strip()
+c = MlflowClient(tracking_uri=pathlib.Path(root).resolve().as_uri())
 exp = c.get_experiment_by_name(name)
 run = c.get_run(run_id)
 def walk(path=None):
