@@ -375,3 +375,16 @@ TEST_CASE("mlflow: bad keys, changed params, unwritable folders and missing runs
   o.mlflow.tracking_dir = root;
   REQUIRE_THROWS_WITH(train::Trainer(o), Contains("mlflow.tracking_dir") && Contains("log_dir is empty"));
 }
+
+TEST_CASE("mlflow: meta.yaml escapes decode, and a bad one is a FormatError that names it", "[mlflow]") {
+  namespace mf = logging::mlflow_files;
+  const auto ok = mf::parse_meta_yaml("name: \"caf\\xE9 \\u00e9\\U0001F600\"\nid: '7'\n");
+  REQUIRE(ok.at("name") == "caf\xC3\xA9 \xC3\xA9\xF0\x9F\x98\x80");
+  REQUIRE(ok.at("id") == "7");
+  // Too few or non-hex digits (the fuzzer's find: std::stoul threw std::invalid_argument), and
+  // a code point past 10FFFF.
+  REQUIRE_THROWS_AS(mf::parse_meta_yaml("name: \"a\\u12G4\"\n"), FormatError);
+  REQUIRE_THROWS_WITH(mf::parse_meta_yaml("name: \"a\\u12G4\"\n"), Contains("\\u") && Contains("4 hex digits"));
+  REQUIRE_THROWS_WITH(mf::parse_meta_yaml("name: \"\\x"), Contains("2 hex digits"));
+  REQUIRE_THROWS_WITH(mf::parse_meta_yaml("name: \"\\UFFFFFFFF\"\n"), Contains("10FFFF"));
+}

@@ -146,11 +146,9 @@ inline std::pair<std::string, std::string> read_initializer(std::string_view byt
 
 }  // namespace detail
 
-// The file is mapped, not read: a model of a few GB costs its graph's few KB of parsing.
-inline OnnxSignature read_onnx_signature(const std::filesystem::path& path) {
-  const io::detail::MappedFile file(path.string(), "ONNX");
-  const std::string& p = file.path();
-  const std::string_view bytes(reinterpret_cast<const char*>(file.data()), static_cast<size_t>(file.size()));
+// The signature of the ONNX model held in `bytes`; `p` names it in messages. Whatever the bytes,
+// it returns or throws FormatError (tests/fuzz/fuzz_onnx_signature.cpp).
+inline OnnxSignature read_onnx_signature_bytes(std::string_view bytes, const std::string& p) {
   OnnxSignature sig;
   std::vector<onnx::ValueInfo> inputs;
   std::set<std::string> initializers, files;
@@ -173,12 +171,19 @@ inline OnnxSignature read_onnx_signature(const std::filesystem::path& path) {
       if (e.number == 12) sig.outputs.push_back(detail::read_value_info(e.bytes, p));
     }
   }
-  EMBER_CHECK(graph, FormatError, "ONNX file '", p, "' has no graph (", file.size(), " bytes): not an ONNX model");
+  EMBER_CHECK(graph, FormatError, "ONNX file '", p, "' has no graph (", bytes.size(), " bytes): not an ONNX model");
   for (auto& v : inputs)
     if (!initializers.count(v.name)) sig.inputs.push_back(std::move(v));
   EMBER_CHECK(!sig.inputs.empty() && !sig.outputs.empty(), FormatError, "ONNX file '", p, "' has ",
               sig.inputs.size(), " graph inputs and ", sig.outputs.size(), " outputs; a served model needs both");
   return sig;
+}
+
+// The file is mapped, not read: a model of a few GB costs its graph's few KB of parsing.
+inline OnnxSignature read_onnx_signature(const std::filesystem::path& path) {
+  const io::detail::MappedFile file(path.string(), "ONNX");
+  return read_onnx_signature_bytes(
+      std::string_view(reinterpret_cast<const char*>(file.data()), static_cast<size_t>(file.size())), file.path());
 }
 
 }  // namespace ember::io::triton

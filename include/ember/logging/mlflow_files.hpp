@@ -66,6 +66,14 @@ inline void check_key(std::string_view what, const std::string& key) {
 inline std::string yaml_string(std::string_view s) { return json_string(s); }
 
 // The scalar starting at text[i] (after "key: "), with its continuation lines; i ends past it.
+// The value of a hex digit, or -1.
+inline int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 inline std::string parse_yaml_scalar(const std::string& text, size_t& i) {
   // The raw value: the rest of the line, plus the following lines indented under the key.
   std::string raw;
@@ -130,9 +138,18 @@ inline std::string parse_yaml_scalar(const std::string& text, size_t& i) {
         continue;
       }
       const char e = v[++k];
-      auto hex = [&](int digits) {
-        unsigned cp = static_cast<unsigned>(std::stoul(v.substr(k + 1, digits), nullptr, 16));
-        k += digits;
+      auto hex = [&](int digits) {  // exactly `digits` hex digits, else a FormatError
+        unsigned cp = 0;
+        for (int d = 0; d < digits; ++d) {
+          const size_t at = k + 1 + static_cast<size_t>(d);
+          const int h = at < v.size() ? hex_value(v[at]) : -1;
+          EMBER_CHECK(h >= 0 && cp <= 0x10FFFFu, FormatError, "MLflow meta.yaml: the escape \\", e, " in ", v.substr(0, 40),
+                      " needs ", digits, " hex digits of a code point up to 10FFFF");
+          cp = cp << 4 | static_cast<unsigned>(h);
+        }
+        EMBER_CHECK(cp <= 0x10FFFFu, FormatError, "MLflow meta.yaml: the escape \\", e, " in ", v.substr(0, 40),
+                    " is past the last code point (10FFFF)");
+        k += static_cast<size_t>(digits);
         if (cp < 0x80) {
           out += static_cast<char>(cp);
         } else if (cp < 0x800) {
