@@ -30,6 +30,23 @@ class Storage {
 
   void* data() const { return ptr_; }
   size_t bytes() const { return bytes_; }
+
+  // Gives the memory back while the Storage (and every tensor on it) lives on; reallocate() gets
+  // `bytes()` fresh, uninitialised bytes again. Fully sharded data parallelism
+  // (dist/fsdp.hpp) frees a unit's gathered parameters this way between uses: the autograd
+  // tape's saved handles share this Storage, so they see the memory again when it is re-gathered
+  // for the backward (torch's storage resize_(0)). Only for memory from the device's allocator.
+  bool allocated() const { return ptr_ != nullptr || bytes_ == 0; }
+  void release_memory() {
+    if (!ptr_) return;
+    EMBER_CHECK(!release_, ValueError, "Storage::release_memory: the memory was allocated elsewhere");
+    backend_for(device_).deallocate(ptr_, bytes_);
+    ptr_ = nullptr;
+  }
+  void reallocate() {
+    if (ptr_ || bytes_ == 0) return;
+    ptr_ = backend_for(device_).allocate(bytes_);
+  }
   Device device() const { return device_; }
 
  private:

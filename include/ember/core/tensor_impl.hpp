@@ -34,8 +34,8 @@ struct TensorImpl {
   std::function<AnyTensor()> grad_destination;
 
   void* data() const {
-    return storage ? static_cast<char*>(storage->data()) + offset * static_cast<int64_t>(dtype_size(dtype))
-                   : nullptr;
+    void* base = storage ? storage->data() : nullptr;  // null also while released (Storage::release_memory)
+    return base ? static_cast<char*>(base) + offset * static_cast<int64_t>(dtype_size(dtype)) : nullptr;
   }
   int64_t numel() const { return shape.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }

@@ -417,8 +417,11 @@ class DataParallel {
     }
   };
 
-  // All-gathers per-parameter fingerprints and throws on the first difference.
-  static void check_replicas(const std::vector<std::pair<std::string, AnyTensor>>& named, ProcessGroup& g) {
+  // All-gathers per-parameter fingerprints and throws on the first difference (`who` names the
+  // caller in the error: FullyShardedDataParallel uses it too).
+ public:
+  static void check_replicas(const std::vector<std::pair<std::string, AnyTensor>>& named, ProcessGroup& g,
+                             const char* who = "DataParallel") {
     const int world = g.size();
     if (world == 1) return;
     const Device dev = g.device();  // NCCL takes only tensors on its GPU
@@ -444,7 +447,7 @@ class DataParallel {
         if (all_v[static_cast<size_t>(r * n + i)] != all_v[static_cast<size_t>(i)]) {
           const auto& [name, p] = named[static_cast<size_t>(i)];
           std::ostringstream e;
-          e << "DataParallel: the model replicas differ: parameter #" << i << " differs between rank 0 and rank "
+          e << who << ": the model replicas differ: parameter #" << i << " differs between rank 0 and rank "
             << r << " (name, dtype or shape); on rank " << g.rank() << " it is " << dp_detail::param_desc(name, p)
             << ". Every rank must build the same model.";
           throw DistributedError(e.str());
@@ -452,7 +455,7 @@ class DataParallel {
     for (int r = 1; r < world; ++r)
       if (cv[static_cast<size_t>(r)] != cv[0]) {
         std::ostringstream e;
-        e << "DataParallel: the model replicas differ: rank 0 has " << cv[0] << " parameters, rank " << r << " has "
+        e << who << ": the model replicas differ: rank 0 has " << cv[0] << " parameters, rank " << r << " has "
           << cv[static_cast<size_t>(r)] << " (the first " << n << " agree)";
         if (static_cast<int64_t>(named.size()) > n)
           e << "; on rank " << g.rank() << " parameter #" << n << " is "
@@ -462,6 +465,7 @@ class DataParallel {
       }
   }
 
+ private:
   std::shared_ptr<nn::Module> module_;
   ProcessGroup& group_;
   std::shared_ptr<State> state_;

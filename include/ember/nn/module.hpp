@@ -16,6 +16,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -81,6 +82,42 @@ class Module {
 
   EMBER_LIB_INLINE void zero_grad();
 
+  // ---- forward hook ----
+  // An object told about each call of this module's forward made as (*m)(x) or
+  // m->forward_any(x) (a typed m->forward(x) skips it): before() ahead of the forward, after()
+  // with its output, whose return value is what the caller gets. Nested calls of the same module
+  // (operator() reaching forward_any) notify once. dist::FullyShardedDataParallel gathers a
+  // unit's sharded parameters this way. One hook per module; null removes it.
+  class ForwardHook {
+   public:
+    virtual ~ForwardHook() = default;
+    virtual void before(Module& m) = 0;
+    virtual AnyTensor after(Module& m, const AnyTensor& output) = 0;
+  };
+  void set_forward_hook(std::shared_ptr<ForwardHook> hook) { forward_hook_ = std::move(hook); }
+  const std::shared_ptr<ForwardHook>& forward_hook() const { return forward_hook_; }
+  // Runs f() (this module's forward) inside the hook, when one is set and not already running.
+  template <class F>
+  auto with_forward_hook(F&& f) {
+    using R = decltype(f());
+    if (!forward_hook_ || in_forward_hook_) [[likely]]
+      return f();
+    std::shared_ptr<ForwardHook> hook = forward_hook_;
+    in_forward_hook_ = true;
+    struct Reset {
+      bool& flag;
+      ~Reset() { flag = false; }
+    } reset{in_forward_hook_};
+    hook->before(*this);
+    R y = f();
+    if constexpr (std::is_constructible_v<R, AnyTensor> && std::is_convertible_v<const R&, AnyTensor>) {
+      return R(hook->after(*this, y));
+    } else {
+      hook->after(*this, AnyTensor());
+      return y;
+    }
+  }
+
   // Moves every parameter and buffer to a device, in place: handles held elsewhere (an
   // optimizer's parameter list) see the move. Gradients are dropped.
   EMBER_LIB_INLINE void to(Device d);
@@ -128,6 +165,8 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::string module_name_;
   bool training_ = true;
+  std::shared_ptr<ForwardHook> forward_hook_;
+  bool in_forward_hook_ = false;
 };
 
 // The module tree, as PyTorch prints a module: each child as "(name): Type(extra_repr)", with
@@ -165,7 +204,7 @@ class ModuleBase : public Module {
   auto operator()(const Tensor<T>& x) {
     autograd::detail::AnomalyModuleFrame anomaly_frame(*this);
     detail::ModuleScope scope(*this);
-    return self().forward(x);
+    return with_forward_hook([&] { return self().forward(x); });
   }
 
  protected:
@@ -182,14 +221,16 @@ template <class Derived>
 AnyTensor ModuleBase<Derived>::forward_any(const AnyTensor& x) {
   autograd::detail::AnomalyModuleFrame anomaly_frame(*this);  // the module path in anomaly errors
   detail::ModuleScope scope(*this);
-  switch (x.dtype()) {
-    case DType::Float32: return self().forward(Tensor<float>(x));
-    case DType::Float64: return self().forward(Tensor<double>(x));
-    case DType::Float16: return self().forward(Tensor<half>(x));
-    case DType::BFloat16: return self().forward(Tensor<bfloat16>(x));
-    default:
-      return forward_other(x);
-  }
+  return with_forward_hook([&]() -> AnyTensor {
+    switch (x.dtype()) {
+      case DType::Float32: return self().forward(Tensor<float>(x));
+      case DType::Float64: return self().forward(Tensor<double>(x));
+      case DType::Float16: return self().forward(Tensor<half>(x));
+      case DType::BFloat16: return self().forward(Tensor<bfloat16>(x));
+      default:
+        return forward_other(x);
+    }
+  });
 }
 
 // A parameter as the activation type T: the same tensor when the types agree, else a

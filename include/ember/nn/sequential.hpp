@@ -32,9 +32,11 @@ class Sequential : public Module {
 
   AnyTensor forward_any(const AnyTensor& x) override {
     detail::ModuleScope scope(*this);
-    AnyTensor h = x;
-    for (auto& l : layers_) h = l->forward_any(h);
-    return h;
+    return with_forward_hook([&] {
+      AnyTensor h = x;
+      for (auto& l : layers_) h = l->forward_any(h);
+      return h;
+    });
   }
   // Typed entry: the output has the input's type (every layer keeps the activation type).
   template <Element T>

@@ -1,0 +1,402 @@
+// Fully sharded data parallelism (dist/fsdp.hpp) with ThreadProcessGroup: ZeRO-2 and ZeRO-3
+// against DataParallel on the same data, step by step. The rank threads record numbers; the test
+// thread checks them after join (Catch2's assertions are not thread-safe).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "ember/dist/data_parallel.hpp"
+#include "ember/dist/fsdp.hpp"
+#include "ember/dist/thread_group.hpp"
+#include "ember/ember.hpp"
+#include "ember/nn/gpt.hpp"
+#include "ember/nn/recompute.hpp"
+
+using namespace ember;
+
+namespace {
+
+using Groups = std::vector<std::shared_ptr<dist::ThreadProcessGroup>>;
+
+template <class Fn>
+void run_ranks(int world, Fn fn) {
+  auto groups = dist::ThreadProcessGroup::create(world);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r, *groups[static_cast<size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+void init_params(nn::Module& m, uint64_t seed) {
+  Generator gen(seed);
+  NoGradGuard no_grad;
+  for (auto& [n, p] : m.named_parameters()) {
+    AnyTensor t = p;
+    nn::init::uniform_(t, -0.5, 0.5, gen);
+  }
+}
+
+// Four Linear layers: four units (the root has nothing).
+std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed) {
+  auto m = std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(16, 15),
+      std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(15, 7), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(7, 3));
+  init_params(*m, seed);
+  return m;
+}
+
+// Rows [r*b, (r+1)*b) of a deterministic batch for step s.
+Tensor<float> rows(int64_t step, int64_t rank, int64_t b, int64_t width, uint64_t salt) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 * step + 7 * salt + 1));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> all;
+  for (int64_t i = 0; i < 64 * width; ++i) all.push_back(u(rng));
+  std::vector<float> mine(all.begin() + rank * b * width, all.begin() + (rank + 1) * b * width);
+  return Tensor<float>::from_vector(mine, {b, width});
+}
+
+enum class Mode { Ddp, Zero2, Zero3 };
+
+struct RunResult {
+  std::vector<std::vector<double>> losses;  // [rank][step]
+  nn::StateDict final_state;                // rank 0's unsharded parameters after the last step
+  std::vector<double> norms;                // rank 0's gradient norms (clipping runs)
+};
+
+struct RunOptions {
+  int steps = 50;
+  int64_t per_rank = 4;
+  int accumulation = 1;        // micro-batches per step (no_sync on all but the last)
+  double clip = 0;             // > 0: clip the global gradient norm
+  bool recompute = false;      // nn::recompute around each layer call (custom net)
+  std::optional<DType> param_dtype;
+  bool sgd = false;
+};
+
+// A net whose forward recomputes each Linear (nn::recompute around a unit's call).
+struct RecomputedNet : nn::ModuleBase<RecomputedNet> {
+  std::shared_ptr<nn::Linear> a, b, c;
+  RecomputedNet() {
+    a = register_module("a", std::make_shared<nn::Linear>(6, 12));
+    b = register_module("b", std::make_shared<nn::Linear>(12, 12));
+    c = register_module("c", std::make_shared<nn::Linear>(12, 3));
+  }
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    Tensor<T> h = nn::recompute([this](const Tensor<T>& v) { return Tensor<T>(tanh((*a)(v))); }, x);
+    h = nn::recompute([this](const Tensor<T>& v) { return Tensor<T>(tanh((*b)(v))); }, h);
+    return (*c)(h);
+  }
+};
+
+RunResult train(Mode mode, int world, const RunOptions& o) {
+  RunResult res;
+  res.losses.assign(static_cast<size_t>(world), {});
+  run_ranks(world, [&](int r, dist::ProcessGroup& g) {
+    std::shared_ptr<nn::Module> model;
+    if (o.recompute) {
+      auto net = std::make_shared<RecomputedNet>();
+      init_params(*net, 3);
+      model = net;
+    } else {
+      model = make_mlp(3);
+    }
+    std::unique_ptr<dist::DataParallel> dp;
+    std::unique_ptr<dist::FullyShardedDataParallel> fsdp;
+    std::vector<AnyTensor> params;
+    if (mode == Mode::Ddp) {
+      dp = std::make_unique<dist::DataParallel>(model, g);
+      params = model->parameters();
+    } else {
+      dist::FullyShardedOptions fo{.stage = mode == Mode::Zero2 ? 2 : 3, .param_dtype = o.param_dtype};
+      if (o.recompute) fo.units = {"a", "b", "c"};
+      fsdp = std::make_unique<dist::FullyShardedDataParallel>(model, g, fo);
+      params = fsdp->parameters();
+    }
+    std::unique_ptr<optim::Optimizer> opt;
+    if (o.sgd)
+      opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    else
+      opt = std::make_unique<optim::AdamW>(params, optim::AdamOptions{.lr = 1e-2, .weight_decay = 0.01});
+    for (int s = 0; s < o.steps; ++s) {
+      opt->zero_grad();
+      double loss_sum = 0;
+      for (int m = 0; m < o.accumulation; ++m) {
+        const int64_t id = s * o.accumulation + m;
+        Tensor<float> x = rows(id, r, o.per_rank, 6, 1), y = rows(id, r, o.per_rank, 3, 2);
+        auto run = [&] {
+          AnyTensor out = fsdp ? (*fsdp)(AnyTensor(x)) : (*dp)(AnyTensor(x));
+          auto loss = nn::functional::mse_loss(Tensor<float>(out.dtype() == DType::Float32 ? out : out.to(DType::Float32)), y);
+          loss_sum += loss.item();
+          loss.backward();
+        };
+        if (m + 1 < o.accumulation) {
+          if (fsdp) {
+            auto guard = fsdp->no_sync();
+            run();
+          } else {
+            auto guard = dp->no_sync();
+            run();
+          }
+        } else {
+          run();
+        }
+      }
+      if (o.clip > 0) {
+        const double n = fsdp ? fsdp->clip_grad_norm_(o.clip) : optim::clip_grad_norm_(params, o.clip);
+        if (r == 0) res.norms.push_back(n);
+      }
+      opt->step();
+      res.losses[static_cast<size_t>(r)].push_back(loss_sum / o.accumulation);
+    }
+    nn::StateDict sd;
+    if (fsdp) {
+      sd = fsdp->full_state_dict();
+    } else {
+      for (auto& [n, t] : model->state_dict()) sd.emplace_back(n, t.detach().clone());
+    }
+    if (r == 0) res.final_state = sd;
+  });
+  return res;
+}
+
+double rel_diff(double a, double b) { return std::abs(a - b) / std::max(1.0, std::max(std::abs(a), std::abs(b))); }
+
+double max_state_diff(const nn::StateDict& a, const nn::StateDict& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].first == b[i].first);
+    REQUIRE(a[i].second.shape() == b[i].second.shape());
+    auto va = a[i].second.to_double_vector(), vb = b[i].second.to_double_vector();
+    for (size_t k = 0; k < va.size(); ++k) worst = std::max(worst, rel_diff(va[k], vb[k]));
+  }
+  return worst;
+}
+
+double max_loss_diff(const RunResult& a, const RunResult& b) {
+  double worst = 0;
+  for (size_t r = 0; r < a.losses.size(); ++r)
+    for (size_t s = 0; s < a.losses[r].size(); ++s) worst = std::max(worst, rel_diff(a.losses[r][s], b.losses[r][s]));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("FSDP: ZeRO-2 and ZeRO-3 give DataParallel's losses and parameters over 50 AdamW steps", "[fsdp]") {
+  for (int world : {2, 3, 4}) {
+    const RunResult ddp = train(Mode::Ddp, world, {});
+    const RunResult z2 = train(Mode::Zero2, world, {});
+    const RunResult z3 = train(Mode::Zero3, world, {});
+    INFO("world " << world);
+    REQUIRE(z3.losses[0].size() == 50);
+    CHECK(max_loss_diff(ddp, z2) <= 1e-6);
+    CHECK(max_loss_diff(ddp, z3) <= 1e-6);
+    CHECK(max_state_diff(ddp.final_state, z2.final_state) <= 1e-6);
+    CHECK(max_state_diff(ddp.final_state, z3.final_state) <= 1e-6);
+    CHECK(ddp.losses[0].back() < 0.8 * ddp.losses[0].front());  // it trains
+  }
+}
+
+TEST_CASE("FSDP: gradient accumulation with no_sync, clipping by the global norm, SGD momentum", "[fsdp]") {
+  RunOptions o{.steps = 12, .accumulation = 3, .clip = 0.05, .sgd = true};
+  const RunResult ddp = train(Mode::Ddp, 3, o);
+  const RunResult z3 = train(Mode::Zero3, 3, o);
+  const RunResult z2 = train(Mode::Zero2, 3, o);
+  CHECK(max_loss_diff(ddp, z3) <= 1e-6);
+  CHECK(max_loss_diff(ddp, z2) <= 1e-6);
+  CHECK(max_state_diff(ddp.final_state, z3.final_state) <= 1e-6);
+  REQUIRE(ddp.norms.size() == 12);
+  for (size_t i = 0; i < ddp.norms.size(); ++i) CHECK(rel_diff(ddp.norms[i], z3.norms[i]) <= 1e-6);
+  CHECK(ddp.norms[0] > 0.05);  // the clipping did something
+}
+
+TEST_CASE("FSDP: units inside nn::recompute (gradient checkpointing)", "[fsdp]") {
+  RunOptions o{.steps = 10, .recompute = true};
+  const RunResult ddp = train(Mode::Ddp, 2, o);
+  const RunResult z3 = train(Mode::Zero3, 2, o);
+  const RunResult z2 = train(Mode::Zero2, 2, o);
+  CHECK(max_loss_diff(ddp, z3) <= 1e-6);
+  CHECK(max_loss_diff(ddp, z2) <= 1e-6);
+  CHECK(max_state_diff(ddp.final_state, z3.final_state) <= 1e-6);
+}
+
+TEST_CASE("FSDP: bf16 gathered parameters keep fp32 master shards and train close to fp32", "[fsdp]") {
+  RunOptions o{.steps = 20, .param_dtype = DType::BFloat16};
+  const RunResult ddp = train(Mode::Ddp, 2, RunOptions{.steps = 20});
+  const RunResult z3 = train(Mode::Zero3, 2, o);
+  CHECK(max_loss_diff(ddp, z3) <= 0.05);
+  CHECK(max_loss_diff(ddp, z3) > 0);  // bf16 does change the numbers
+  for (auto& [n, t] : z3.final_state) CHECK(t.dtype() == DType::Float32);
+}
+
+TEST_CASE("FSDP: a GPT (blocks as units, the tied embeddings in the root) matches DataParallel", "[fsdp][gpt]") {
+  const nn::GPTConfig cfg{.vocab_size = 24, .block_size = 8, .n_layer = 3, .n_head = 2, .n_embd = 16, .dropout = 0.0};
+  auto ids = [](int64_t step, int64_t rank, uint64_t salt) {
+    std::mt19937 rng(static_cast<uint32_t>(step * 31 + rank * 7 + salt));
+    std::vector<int64_t> v;
+    for (int i = 0; i < 2 * 8; ++i) v.push_back(static_cast<int64_t>(rng() % 24));
+    return Tensor<int64_t>::from_vector(v, {2, 8});
+  };
+  auto run = [&](Mode mode, int world, int steps, std::vector<std::string>* units, std::vector<bool>* freed) {
+    std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+    run_ranks(world, [&](int r, dist::ProcessGroup& g) {
+      auto gpt = std::make_shared<nn::GPT>(cfg);
+      init_params(*gpt, 9);
+      std::unique_ptr<dist::DataParallel> dp;
+      std::unique_ptr<dist::FullyShardedDataParallel> fsdp;
+      std::vector<AnyTensor> params;
+      if (mode == Mode::Ddp) {
+        dp = std::make_unique<dist::DataParallel>(gpt, g);
+        params = gpt->parameters();
+      } else {
+        fsdp = std::make_unique<dist::FullyShardedDataParallel>(gpt, g,
+                                                                dist::FullyShardedOptions{.stage = mode == Mode::Zero2 ? 2 : 3});
+        params = fsdp->parameters();
+        if (r == 0 && units)
+          for (size_t i = 0; i < fsdp->unit_count(); ++i) units->push_back(fsdp->unit_info(i).name);
+      }
+      optim::AdamW opt(params, {.lr = 3e-3});
+      for (int s = 0; s < steps; ++s) {
+        opt.zero_grad();
+        Tensor<float> logits = (*gpt)(ids(s, r, 1));
+        auto loss = nn::functional::cross_entropy(logits.reshape({-1, 24}), ids(s, r, 2).reshape({-1}));
+        loss.backward();
+        opt.step();
+        losses[static_cast<size_t>(r)].push_back(loss.item());
+      }
+      if (r == 0 && freed && fsdp)
+        for (size_t i = 0; i < fsdp->unit_count(); ++i) freed->push_back(!fsdp->is_gathered(i));
+    });
+    return losses;
+  };
+  std::vector<std::string> units;
+  std::vector<bool> freed;
+  auto ddp = run(Mode::Ddp, 2, 8, nullptr, nullptr);
+  auto z3 = run(Mode::Zero3, 2, 8, &units, &freed);
+  auto z2 = run(Mode::Zero2, 2, 8, nullptr, nullptr);
+  CHECK(units == std::vector<std::string>{"h.0", "h.1", "h.2", ""});
+  CHECK(freed == std::vector<bool>{true, true, true, true});  // stage 3 holds no gathered unit between steps
+  for (size_t r = 0; r < 2; ++r)
+    for (size_t s = 0; s < 8; ++s) {
+      CHECK(rel_diff(ddp[r][s], z3[r][s]) <= 1e-6);
+      CHECK(rel_diff(ddp[r][s], z2[r][s]) <= 1e-6);
+    }
+}
+
+TEST_CASE("FSDP: full_state_dict has Module::state_dict's names, load_full_state_dict round-trips", "[fsdp]") {
+  run_ranks(2, [&](int r, dist::ProcessGroup& g) {
+    auto model = make_mlp(5);
+    const nn::StateDict before = [&] {
+      nn::StateDict sd;
+      for (auto& [n, t] : model->state_dict()) sd.emplace_back(n, t.detach().clone());
+      return sd;
+    }();
+    dist::FullyShardedDataParallel fsdp(model, g);
+    const nn::StateDict full = fsdp.full_state_dict();
+    if (max_state_diff(before, full) != 0) throw std::runtime_error("full_state_dict differs from the model's");
+    // Load other values, check the forward uses them.
+    auto other = make_mlp(6);
+    nn::StateDict osd;
+    for (auto& [n, t] : other->state_dict()) osd.emplace_back(n, t.detach().clone());
+    fsdp.load_full_state_dict(osd);
+    Tensor<float> x = rows(0, 0, 4, 6, 1);
+    const auto want = (*other)(x).to_vector();
+    const auto got = Tensor<float>(fsdp(AnyTensor(x))).to_vector();
+    for (size_t i = 0; i < want.size(); ++i)
+      if (std::abs(want[i] - got[i]) > 1e-6) throw std::runtime_error("forward after load_full_state_dict differs");
+    (void)r;
+  });
+}
+
+TEST_CASE("FSDP: persistent memory per rank is the shards' (ZeRO-3), measured with memory_stats", "[fsdp][memory]") {
+  // 4 thread ranks in one process: memory_stats counts all four. Per-rank DDP holds a model,
+  // gradients and AdamW's two moments (4 copies); ZeRO-3 holds a quarter of each.
+  auto measure = [](Mode mode) {
+    const int64_t base = memory_stats().current_bytes;
+    int64_t held = 0;
+    std::mutex mu;
+    int64_t param_bytes = 0;
+    run_ranks(4, [&](int r, dist::ProcessGroup& g) {
+      auto m = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(64, 256), std::make_shared<nn::Tanh>(),
+                                                std::make_shared<nn::Linear>(256, 256), std::make_shared<nn::Tanh>(),
+                                                std::make_shared<nn::Linear>(256, 64));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (r == 0) param_bytes = m->parameter_count() * 4;
+      }
+      std::unique_ptr<dist::DataParallel> dp;
+      std::unique_ptr<dist::FullyShardedDataParallel> fsdp;
+      std::vector<AnyTensor> params;
+      if (mode == Mode::Ddp) {
+        dp = std::make_unique<dist::DataParallel>(m, g, dist::DataParallelOptions{.gradient_as_bucket_view = true});
+        params = m->parameters();
+      } else {
+        fsdp = std::make_unique<dist::FullyShardedDataParallel>(m, g);
+        params = fsdp->parameters();
+      }
+      optim::AdamW opt(params, {.lr = 1e-3});
+      for (int s = 0; s < 2; ++s) {
+        Tensor<float> x = rows(s, r, 4, 64, 1);
+        AnyTensor out = dp ? (*dp)(AnyTensor(x)) : (*fsdp)(AnyTensor(x));
+        auto loss = op::mean(op::square(out));
+        loss.backward();
+        opt.step();
+      }
+      g.barrier();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (r == 0) held = memory_stats().current_bytes - base;
+      }
+      g.barrier();
+    });
+    return std::pair<int64_t, int64_t>(held, param_bytes);
+  };
+  const auto [ddp, p] = measure(Mode::Ddp);
+  const auto [z3, p3] = measure(Mode::Zero3);
+  INFO("DDP " << ddp << " bytes, ZeRO-3 " << z3 << " bytes, one model " << p << " bytes");
+  CHECK(ddp >= 4 * 4 * p);        // params + grads + 2 moments, on each of 4 ranks
+  CHECK(z3 <= ddp / 4 + p / 8);   // a quarter, plus padding and small state
+}
+
+TEST_CASE("FSDP: bad options and models raise errors naming the problem", "[fsdp][errors]") {
+  run_ranks(1, [&](int, dist::ProcessGroup& g) {
+    auto model = make_mlp(1);
+    auto expect = [](auto fn, const std::string& what) {
+      try {
+        fn();
+      } catch (const Error& e) {
+        if (std::string(e.what()).find(what) == std::string::npos)
+          throw std::runtime_error("error '" + std::string(e.what()) + "' lacks '" + what + "'");
+        return;
+      }
+      throw std::runtime_error("no error; expected one containing '" + what + "'");
+    };
+    expect([&] { dist::FullyShardedDataParallel f(model, g, {.stage = 1}); }, "stage must be 2 or 3");
+    expect([&] { dist::FullyShardedDataParallel f(model, g, {.units = {"7"}}); }, "no module named '7'");
+    auto nested = std::make_shared<nn::Sequential>(make_mlp(1), make_mlp(2));
+    expect([&] { dist::FullyShardedDataParallel f(nested, g, {.units = {"0", "0.2"}}); },
+           "unit '0.2' lies inside unit '0'");
+    expect([&] { dist::FullyShardedDataParallel f(model, g, {.param_dtype = DType::Int32}); },
+           "param_dtype must be floating");
+    auto frozen = make_mlp(1);
+    frozen->named_parameters()[0].second.set_requires_grad(false);
+    expect([&] { dist::FullyShardedDataParallel f(frozen, g); }, "0.weight does not require grad");
+    {
+      dist::FullyShardedDataParallel f(model, g);
+      expect([&] { dist::FullyShardedDataParallel f2(model, g); }, "already has a forward hook");
+    }
+  });
+}
