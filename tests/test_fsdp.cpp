@@ -13,6 +13,7 @@
 #include "ember/ember.hpp"
 #include "ember/nn/gpt.hpp"
 #include "ember/nn/recompute.hpp"
+#include "ember/train/trainer.hpp"
 
 using namespace ember;
 
@@ -101,7 +102,7 @@ struct RecomputedNet : nn::ModuleBase<RecomputedNet> {
   }
 };
 
-RunResult train(Mode mode, int world, const RunOptions& o) {
+RunResult train_run(Mode mode, int world, const RunOptions& o) {
   RunResult res;
   res.losses.assign(static_cast<size_t>(world), {});
   run_ranks(world, [&](int r, dist::ProcessGroup& g) {
@@ -197,9 +198,9 @@ double max_loss_diff(const RunResult& a, const RunResult& b) {
 
 TEST_CASE("FSDP: ZeRO-2 and ZeRO-3 give DataParallel's losses and parameters over 50 AdamW steps", "[fsdp]") {
   for (int world : {2, 3, 4}) {
-    const RunResult ddp = train(Mode::Ddp, world, {});
-    const RunResult z2 = train(Mode::Zero2, world, {});
-    const RunResult z3 = train(Mode::Zero3, world, {});
+    const RunResult ddp = train_run(Mode::Ddp, world, {});
+    const RunResult z2 = train_run(Mode::Zero2, world, {});
+    const RunResult z3 = train_run(Mode::Zero3, world, {});
     INFO("world " << world);
     REQUIRE(z3.losses[0].size() == 50);
     CHECK(max_loss_diff(ddp, z2) <= 1e-6);
@@ -212,9 +213,9 @@ TEST_CASE("FSDP: ZeRO-2 and ZeRO-3 give DataParallel's losses and parameters ove
 
 TEST_CASE("FSDP: gradient accumulation with no_sync, clipping by the global norm, SGD momentum", "[fsdp]") {
   RunOptions o{.steps = 12, .accumulation = 3, .clip = 0.05, .sgd = true};
-  const RunResult ddp = train(Mode::Ddp, 3, o);
-  const RunResult z3 = train(Mode::Zero3, 3, o);
-  const RunResult z2 = train(Mode::Zero2, 3, o);
+  const RunResult ddp = train_run(Mode::Ddp, 3, o);
+  const RunResult z3 = train_run(Mode::Zero3, 3, o);
+  const RunResult z2 = train_run(Mode::Zero2, 3, o);
   CHECK(max_loss_diff(ddp, z3) <= 1e-6);
   CHECK(max_loss_diff(ddp, z2) <= 1e-6);
   CHECK(max_state_diff(ddp.final_state, z3.final_state) <= 1e-6);
@@ -225,9 +226,9 @@ TEST_CASE("FSDP: gradient accumulation with no_sync, clipping by the global norm
 
 TEST_CASE("FSDP: units inside nn::recompute (gradient checkpointing)", "[fsdp]") {
   RunOptions o{.steps = 10, .recompute = true};
-  const RunResult ddp = train(Mode::Ddp, 2, o);
-  const RunResult z3 = train(Mode::Zero3, 2, o);
-  const RunResult z2 = train(Mode::Zero2, 2, o);
+  const RunResult ddp = train_run(Mode::Ddp, 2, o);
+  const RunResult z3 = train_run(Mode::Zero3, 2, o);
+  const RunResult z2 = train_run(Mode::Zero2, 2, o);
   CHECK(max_loss_diff(ddp, z3) <= 1e-6);
   CHECK(max_loss_diff(ddp, z2) <= 1e-6);
   CHECK(max_state_diff(ddp.final_state, z3.final_state) <= 1e-6);
@@ -235,8 +236,8 @@ TEST_CASE("FSDP: units inside nn::recompute (gradient checkpointing)", "[fsdp]")
 
 TEST_CASE("FSDP: bf16 gathered parameters keep fp32 master shards and train close to fp32", "[fsdp]") {
   RunOptions o{.steps = 20, .param_dtype = DType::BFloat16};
-  const RunResult ddp = train(Mode::Ddp, 2, RunOptions{.steps = 20});
-  const RunResult z3 = train(Mode::Zero3, 2, o);
+  const RunResult ddp = train_run(Mode::Ddp, 2, RunOptions{.steps = 20});
+  const RunResult z3 = train_run(Mode::Zero3, 2, o);
   CHECK(max_loss_diff(ddp, z3) <= 0.05);
   CHECK(max_loss_diff(ddp, z3) > 0);  // bf16 does change the numbers
   for (auto& [n, t] : z3.final_state) CHECK(t.dtype() == DType::Float32);
@@ -399,4 +400,75 @@ TEST_CASE("FSDP: bad options and models raise errors naming the problem", "[fsdp
       expect([&] { dist::FullyShardedDataParallel f2(model, g); }, "already has a forward hook");
     }
   });
+}
+
+namespace {
+
+// A classification set for the Trainer: 48 samples of 6 features, 3 classes.
+std::shared_ptr<data::TensorDataset> class_data() {
+  const int64_t n = 48;
+  std::vector<float> x(static_cast<size_t>(n * 6));
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < 6; ++j) x[static_cast<size_t>(i * 6 + j)] = static_cast<float>(std::sin(0.37 * (i * 6 + j)));
+    y[static_cast<size_t>(i)] = (i * 7) % 3;
+  }
+  return std::make_shared<data::TensorDataset>(std::vector<std::pair<std::string, AnyTensor>>{
+      {"image", Tensor<float>::from_vector(x, {n, 6})}, {"label", Tensor<int64_t>::from_vector(y, {n})}});
+}
+
+struct TrainerRun {
+  std::vector<std::vector<double>> losses;  // [rank][step]
+  std::vector<double> val_loss;            // rank 0's validations
+};
+
+TrainerRun trainer_run(Mode mode, int world, train::Precision precision, int64_t accumulation) {
+  TrainerRun out;
+  out.losses.assign(static_cast<size_t>(world), {});
+  auto ds = class_data();
+  run_ranks(world, [&](int r, dist::ProcessGroup& g) {
+    auto model = make_mlp(11);
+    data::DataLoader loader(ds, {.batch_size = 4, .drop_last = true,
+                                 .sampler = data::DistributedSampler(48, world, r, {.shuffle = true, .seed = 3})});
+    data::DataLoader val(ds, {.batch_size = 8, .sampler = data::DistributedSampler(48, world, r, {.shuffle = false})});
+    train::TrainerOptions o{.epochs = 2, .precision = precision,
+                            .grad_scaler = {.init_scale = 1024.0, .growth_interval = 3},
+                            .accumulation = accumulation, .clip_grad_norm = 0.5,
+                            .validation = {.loader = &val}, .progress = {.enabled = false}};
+    train::Trainer t(o);
+    train::FitResult res;
+    if (mode == Mode::Ddp) {
+      dist::DataParallel dp(model, g);
+      optim::AdamW opt(model->parameters(), {.lr = 1e-2});
+      res = t.fit(dp, loader, opt, train::cross_entropy_loss());
+    } else {
+      dist::FullyShardedDataParallel fsdp(model, g, {.stage = mode == Mode::Zero2 ? 2 : 3});
+      optim::AdamW opt(fsdp.parameters(), {.lr = 1e-2});
+      res = t.fit(fsdp, loader, opt, train::cross_entropy_loss());
+    }
+    out.losses[static_cast<size_t>(r)] = res.train_losses;
+    if (r == 0)
+      for (const auto& e : res.history) out.val_loss.push_back(e.metrics.at("val/loss"));
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("FSDP: the Trainer trains fully sharded as it trains DataParallel (accumulation, clipping, fp16, bf16)",
+          "[fsdp][trainer]") {
+  for (auto precision : {train::Precision::Fp32, train::Precision::Fp16, train::Precision::Bf16}) {
+    INFO("precision " << train::precision_name(precision));
+    const TrainerRun ddp = trainer_run(Mode::Ddp, 2, precision, 2);
+    for (Mode mode : {Mode::Zero2, Mode::Zero3}) {
+      const TrainerRun z = trainer_run(mode, 2, precision, 2);
+      REQUIRE(z.losses[0].size() == ddp.losses[0].size());
+      REQUIRE(z.losses[0].size() == 6);  // 2 epochs x 24 samples per rank / (4 x 2)
+      const double tol = precision == train::Precision::Fp32 ? 1e-6 : 1e-3;
+      for (size_t r = 0; r < 2; ++r)
+        for (size_t s = 0; s < z.losses[r].size(); ++s) CHECK(rel_diff(z.losses[r][s], ddp.losses[r][s]) <= tol);
+      REQUIRE(z.val_loss.size() == 2);
+      for (size_t i = 0; i < 2; ++i) CHECK(rel_diff(z.val_loss[i], ddp.val_loss[i]) <= tol);
+    }
+  }
 }

@@ -122,6 +122,12 @@ struct ProfileWindow {
   int table_rows = 15;           // the op table's rows printed before the step report (0: none)
 };
 
+}  // namespace ember::train
+namespace ember::dist {
+class FullyShardedDataParallel;
+}
+namespace ember::train {
+
 class CancelToken;
 class Callback;
 namespace trainer_detail {
@@ -324,6 +330,12 @@ class Trainer {
   // resumes from the same checkpoint (checkpoint.dir must be one folder all ranks can read).
   FitResult fit(dist::DataParallel& model, data::DataLoader& train, optim::Optimizer& opt, LossFn loss);
   FitResult fit(dist::DataParallel& model, data::DataLoader& train, optim::Optimizer& opt, StepFn step);
+  // Fully sharded (dist/fsdp.hpp, ZeRO-2/3): `opt` is over model.parameters() (the shards).
+  // Every rank runs every step's collectives; clipping uses the global norm; checkpoints are
+  // sharded (dist/sharded_checkpoint.hpp: every rank writes its shard, one commit) and a resume
+  // reshards when the number of ranks changed.
+  FitResult fit(dist::FullyShardedDataParallel& model, data::DataLoader& train, optim::Optimizer& opt, LossFn loss);
+  FitResult fit(dist::FullyShardedDataParallel& model, data::DataLoader& train, optim::Optimizer& opt, StepFn step);
 
   // One pass over `loader` without gradients, in eval mode (training mode restored after):
   // val/loss (when loss is set), val/accuracy, val/top<k>_accuracy and the user metrics of
@@ -334,8 +346,8 @@ class Trainer {
  private:
   friend class trainer_detail::TrainingRun;  // the loop of one fit (detail/training_run.hpp)
 
-  FitResult run(nn::Module& model, dist::DataParallel* dp, data::DataLoader& train, optim::Optimizer& opt,
-                const LossFn* loss, const StepFn* step);
+  FitResult run(nn::Module& model, dist::DataParallel* dp, dist::FullyShardedDataParallel* fsdp,
+                data::DataLoader& train, optim::Optimizer& opt, const LossFn* loss, const StepFn* step);
   Metrics evaluate_impl(nn::Module& model, data::DataLoader& loader, const LossFn* loss, const StepFn* step,
                         dist::ProcessGroup* group, int64_t global_step, int64_t epoch);
 

@@ -147,19 +147,29 @@ inline Trainer::Trainer(TrainerOptions options) : opt_(std::move(options)) {
 
 inline FitResult Trainer::fit(nn::Module& model, data::DataLoader& train, optim::Optimizer& opt, LossFn loss) {
   EMBER_CHECK(static_cast<bool>(loss), ValueError, "Trainer.fit: the loss function is empty");
-  return run(model, nullptr, train, opt, &loss, nullptr);
+  return run(model, nullptr, nullptr, train, opt, &loss, nullptr);
 }
 inline FitResult Trainer::fit(nn::Module& model, data::DataLoader& train, optim::Optimizer& opt, StepFn step) {
   EMBER_CHECK(static_cast<bool>(step), ValueError, "Trainer.fit: the step function is empty");
-  return run(model, nullptr, train, opt, nullptr, &step);
+  return run(model, nullptr, nullptr, train, opt, nullptr, &step);
 }
 inline FitResult Trainer::fit(dist::DataParallel& model, data::DataLoader& train, optim::Optimizer& opt, LossFn loss) {
   EMBER_CHECK(static_cast<bool>(loss), ValueError, "Trainer.fit: the loss function is empty");
-  return run(model.module(), &model, train, opt, &loss, nullptr);
+  return run(model.module(), &model, nullptr, train, opt, &loss, nullptr);
 }
 inline FitResult Trainer::fit(dist::DataParallel& model, data::DataLoader& train, optim::Optimizer& opt, StepFn step) {
   EMBER_CHECK(static_cast<bool>(step), ValueError, "Trainer.fit: the step function is empty");
-  return run(model.module(), &model, train, opt, nullptr, &step);
+  return run(model.module(), &model, nullptr, train, opt, nullptr, &step);
+}
+inline FitResult Trainer::fit(dist::FullyShardedDataParallel& model, data::DataLoader& train, optim::Optimizer& opt,
+                              LossFn loss) {
+  EMBER_CHECK(static_cast<bool>(loss), ValueError, "Trainer.fit: the loss function is empty");
+  return run(model.module(), nullptr, &model, train, opt, &loss, nullptr);
+}
+inline FitResult Trainer::fit(dist::FullyShardedDataParallel& model, data::DataLoader& train, optim::Optimizer& opt,
+                              StepFn step) {
+  EMBER_CHECK(static_cast<bool>(step), ValueError, "Trainer.fit: the step function is empty");
+  return run(model.module(), nullptr, &model, train, opt, nullptr, &step);
 }
 
 inline Metrics Trainer::evaluate(nn::Module& model, data::DataLoader& loader, const LossFn& loss,
@@ -223,9 +233,10 @@ inline Metrics Trainer::evaluate_impl(nn::Module& model, data::DataLoader& loade
   return m;
 }
 
-inline FitResult Trainer::run(nn::Module& model, dist::DataParallel* dp, data::DataLoader& train, optim::Optimizer& opt,
-                              const LossFn* loss, const StepFn* step_fn) {
-  return trainer_detail::TrainingRun(*this, model, dp, train, opt, loss, step_fn).run();
+inline FitResult Trainer::run(nn::Module& model, dist::DataParallel* dp, dist::FullyShardedDataParallel* fsdp,
+                              data::DataLoader& train, optim::Optimizer& opt, const LossFn* loss,
+                              const StepFn* step_fn) {
+  return trainer_detail::TrainingRun(*this, model, dp, fsdp, train, opt, loss, step_fn).run();
 }
 
 }  // namespace ember::train

@@ -16,6 +16,7 @@
 #include "ember/amp/autocast.hpp"
 #include "ember/data/dataloader_json.hpp"
 #include "ember/dist/data_parallel.hpp"
+#include "ember/dist/fsdp.hpp"
 #include "ember/optim/clip.hpp"
 #include "ember/train/accumulate.hpp"
 #include "ember/train/checkpoint_manager.hpp"
@@ -72,8 +73,8 @@ inline std::string metrics_text(const Metrics& m) {
 class TrainingRun {
  public:
   // The checks that need the model and the data (ValueError / DTypeError / DeviceError).
-  TrainingRun(Trainer& trainer, nn::Module& model, dist::DataParallel* dp, data::DataLoader& train,
-              optim::Optimizer& opt, const LossFn* loss, const StepFn* step_fn);
+  TrainingRun(Trainer& trainer, nn::Module& model, dist::DataParallel* dp, dist::FullyShardedDataParallel* fsdp,
+              data::DataLoader& train, optim::Optimizer& opt, const LossFn* loss, const StepFn* step_fn);
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
 
@@ -128,8 +129,9 @@ class TrainingRun {
   Trainer& trainer_;
   const TrainerOptions& options_;
   nn::Module& model_;
-  dist::DataParallel* data_parallel_;  // null: one process
-  dist::ProcessGroup* group_;          // data_parallel_'s group, or null
+  dist::DataParallel* data_parallel_;  // null: one process, or fully sharded
+  dist::FullyShardedDataParallel* sharded_;  // null: not fully sharded
+  dist::ProcessGroup* group_;          // data_parallel_'s or sharded_'s group, or null
   data::DataLoader& train_loader_;
   optim::Optimizer& optimizer_;
   const LossFn* loss_fn_;  // one of loss_fn_ and step_fn_ is set
@@ -185,13 +187,15 @@ inline amp::GradScalerOptions scaler_options(amp::GradScalerOptions o, bool on) 
   return o;
 }
 
-inline TrainingRun::TrainingRun(Trainer& trainer, nn::Module& model, dist::DataParallel* dp, data::DataLoader& train,
-                                optim::Optimizer& opt, const LossFn* loss, const StepFn* step_fn)
+inline TrainingRun::TrainingRun(Trainer& trainer, nn::Module& model, dist::DataParallel* dp,
+                                dist::FullyShardedDataParallel* fsdp, data::DataLoader& train, optim::Optimizer& opt,
+                                const LossFn* loss, const StepFn* step_fn)
     : trainer_(trainer),
       options_(trainer.opt_),
       model_(model),
       data_parallel_(dp),
-      group_(dp ? &dp->group() : nullptr),
+      sharded_(fsdp),
+      group_(dp ? &dp->group() : fsdp ? &fsdp->group() : nullptr),
       train_loader_(train),
       optimizer_(opt),
       loss_fn_(loss),
@@ -218,8 +222,24 @@ inline TrainingRun::TrainingRun(Trainer& trainer, nn::Module& model, dist::DataP
   for (const auto& g : opt.param_groups())
     for (const auto& p : g.params) params_.push_back(p);
   EMBER_CHECK(!params_.empty(), ValueError, "Trainer.fit: the optimizer has no parameters");
+  if (sharded_) {
+    // The optimizer must step the shards (the module's parameters are views of gathered copies).
+    const std::vector<AnyTensor> shards = sharded_->parameters();
+    for (const AnyTensor& p : params_)
+      EMBER_CHECK(std::any_of(shards.begin(), shards.end(), [&](const AnyTensor& s) { return s.same(p); }), ValueError,
+                  "Trainer.fit: under FullyShardedDataParallel the optimizer must be built over its parameters() "
+                  "(this rank's shards), but it holds ", p.desc(), ", which is not one of them");
+  }
   if (o.precision != Precision::Fp32) {
-    for (const auto& [name, p] : model.named_parameters())
+    // Fully sharded: the masters are the shards (the module's parameters may be bf16/fp16 copies).
+    std::vector<std::pair<std::string, AnyTensor>> masters;
+    if (sharded_) {
+      for (size_t i = 0; i < sharded_->unit_count(); ++i)
+        masters.emplace_back("shard of unit '" + sharded_->unit_info(i).name + "'", sharded_->shard(i));
+    } else {
+      masters = model.named_parameters();
+    }
+    for (const auto& [name, p] : masters)
       EMBER_CHECK(p.dtype() == DType::Float32, DTypeError, "Trainer.fit: precision ", precision_name(o.precision),
                   " keeps fp32 master weights, but parameter '", name, "' is ", dtype_name(p.dtype()),
                   " (keep the parameters float32; the activations are cast)");
@@ -345,7 +365,9 @@ inline TrainingRun::StepTotals TrainingRun::step() {
     {
       // Under DataParallel the gradients are all-reduced once, in the step's last backward.
       std::optional<dist::DataParallel::NoSyncGuard> no_sync;
+      std::optional<dist::FullyShardedDataParallel::NoSyncGuard> no_sync_sharded;
       if (data_parallel_ && !accumulator_.should_sync()) no_sync.emplace(*data_parallel_);
+      if (sharded_ && !accumulator_.should_sync()) no_sync_sharded.emplace(*sharded_);
       if (scaler_on_)
         scaler_.scale(scaled).backward();
       else
@@ -364,20 +386,25 @@ inline AnyTensor TrainingRun::micro_batch_loss(const data::Batch& batch, StepCon
   EMBER_CHECK(batch.data.has(in) && batch.data.has(target), ValueError, "Trainer: a batch lacks the field '",
               batch.data.has(in) ? target : in, "' (TrainerOptions::input_key / target_key)");
   AnyTensor x = ctx.cast(batch[in]);
-  AnyTensor out = data_parallel_ ? data_parallel_->forward_any(x) : model_.forward_any(x);
+  AnyTensor out = data_parallel_ ? data_parallel_->forward_any(x) : model_.forward_any(x);  // (FSDP: its hooks)
   return (*loss_fn_)(out, batch[target]);
 }
 
 inline void TrainingRun::optimizer_step() {
   const TrainerOptions& o = options_;
   bool unscaled = false;
-  if (scaler_on_ && data_parallel_ && world_size_ > 1) {
+  if (scaler_on_ && (data_parallel_ || sharded_) && world_size_ > 1) {
     dist::sync_found_inf(scaler_, optimizer_, *group_);  // unscales; every rank skips or steps alike
     unscaled = true;
   }
   if (o.clip_grad_norm > 0 || o.clip_grad_value > 0) {
     if (scaler_on_ && !unscaled) scaler_.unscale_(optimizer_);
-    if (o.clip_grad_norm > 0) optim::clip_grad_norm_(params_, o.clip_grad_norm);
+    if (o.clip_grad_norm > 0) {
+      if (sharded_)
+        sharded_->clip_grad_norm_(o.clip_grad_norm);  // the norm over every rank's shards
+      else
+        optim::clip_grad_norm_(params_, o.clip_grad_norm);
+    }
     if (o.clip_grad_value > 0) optim::clip_grad_value_(params_, o.clip_grad_value);
   }
   if (scaler_on_) {

@@ -25,6 +25,8 @@ inline double number_from_json(const nlohmann::json& j) {
 // loads that one (they all see the same folder).
 inline void TrainingRun::resume() {
   const CheckpointPolicy& policy = options_.checkpoint;
+  EMBER_CHECK(!sharded_ || policy.dir.empty(), ValueError,
+              "Trainer.fit: checkpoints of a FullyShardedDataParallel model are not supported yet (checkpoint.dir is set)");
   if (!policy.dir.empty()) {
     CheckpointOptions co;
     co.keep_last = policy.keep_last;
