@@ -495,6 +495,7 @@ class FullyShardedDataParallel {
     std::vector<size_t> order;   // units in the order of their first forward
     bool order_final = false;    // recorded by a whole forward and backward
     std::unordered_set<const void*> queued_lists;  // backward passes holding our callback
+    std::vector<size_t> launch_order;  // units whose reduce_scatter started in this backward, in order
 
     static bool in_backward() { return autograd::detail::current_backward_callbacks() != nullptr; }
 
@@ -638,11 +639,51 @@ class FullyShardedDataParallel {
         u.n_ready += 1;
       }
       if (ui != root && u.n_ready == u.params.size() && !u.reduced) launch_reduce(u);
-      for (Unit& o : units)  // poll: report finished reductions to the profiler
-        if (o.reduce_work && o.reduce_ns > 0 && o.reduce_work->is_completed()) {
-          trace::interval(trace::Phase::Communication, "reduce_scatter", o.reduce_ns, trace::now_ns());
-          o.reduce_ns = 0;
+      retire_reductions(/*wait_for_excess=*/false);
+    }
+
+    // Finished reductions give their gradient to the master shard and free their unsharded buffer
+    // now rather than at the end of backward, so that a backward holds the full gradients of a few
+    // units, not of the whole model. With wait_for_excess, more than max_in_flight reductions in
+    // flight make the oldest one be waited for (the bound on that memory).
+    static constexpr int max_in_flight = 2;
+    void retire_reductions(bool wait_for_excess) {
+      int in_flight = 0;
+      for (Unit& u : units)
+        if (u.reduce_work) {
+          if (u.reduce_work->is_completed()) {
+            retire(u);
+          } else {
+            in_flight += 1;
+          }
         }
+      if (!wait_for_excess) return;
+      for (size_t i : launch_order) {
+        if (in_flight <= max_in_flight) break;
+        if (!units[i].reduce_work) continue;
+        retire(units[i]);
+        in_flight -= 1;
+      }
+    }
+    // Waits for u's reduce_scatter and adds the averaged shard into its master's .grad.
+    void retire(Unit& u) {
+      NoGradGuard no_grad;
+      {
+        trace::PhaseScope exposed(trace::Phase::Communication);  // no-op wait when already done
+        u.reduce_work->wait();
+      }
+      if (u.reduce_ns > 0) trace::interval(trace::Phase::Communication, "reduce_scatter", u.reduce_ns, trace::now_ns());
+      AnyTensor g = u.grad_shard.dtype() == master_dtype ? u.grad_shard : u.grad_shard.to(master_dtype);
+      AnyTensor mg = u.master.grad();
+      if (mg.defined()) {
+        autograd::detail::add_into(mg, g);
+      } else {
+        u.master.set_grad(g);
+      }
+      u.flat_grad = AnyTensor();
+      u.grad_shard = AnyTensor();
+      u.reduce_work.reset();
+      u.reduce_ns = 0;
     }
 
     void launch_reduce(Unit& u) {
@@ -654,7 +695,9 @@ class FullyShardedDataParallel {
       u.grad_shard = AnyTensor::empty(Shape{u.info.shard_numel}, param_dtype, device);
       u.reduce_ns = trace::now_ns();
       u.reduce_work = group->reduce_scatter_async(u.grad_shard, u.flat_grad, ReduceOp::Avg);
+      launch_order.push_back(static_cast<size_t>(&u - units.data()));
       if (&u - units.data() != static_cast<std::ptrdiff_t>(root)) free(u);  // the root: at the end
+      retire_reductions(/*wait_for_excess=*/true);
     }
 
     void on_backward_end(const void* list) {
@@ -681,24 +724,8 @@ class FullyShardedDataParallel {
       }
       for (Unit& u : units)
         if (!u.reduced) launch_reduce(u);
-      for (Unit& u : units) {
-        {
-          trace::PhaseScope exposed(trace::Phase::Communication);
-          u.reduce_work->wait();
-        }
-        if (u.reduce_ns > 0) trace::interval(trace::Phase::Communication, "reduce_scatter", u.reduce_ns, trace::now_ns());
-        AnyTensor g = u.grad_shard.dtype() == master_dtype ? u.grad_shard : u.grad_shard.to(master_dtype);
-        AnyTensor mg = u.master.grad();
-        if (mg.defined()) {
-          autograd::detail::add_into(mg, g);
-        } else {
-          u.master.set_grad(g.same(u.grad_shard) ? g.clone() : g);
-        }
-        u.flat_grad = AnyTensor();
-        u.grad_shard = AnyTensor();
-        u.reduce_work.reset();
-        u.reduce_ns = 0;
-      }
+      for (size_t i : launch_order)
+        if (units[i].reduce_work) retire(units[i]);
       reset();
       // The optimizer steps the shards next: stage 2 gathers every unit again before its next
       // forward; stage 3 frees what is still gathered (the root).
@@ -709,6 +736,7 @@ class FullyShardedDataParallel {
     }
 
     void reset() {
+      launch_order.clear();
       for (Unit& u : units) {
         u.ready.assign(u.ready.size(), false);
         u.n_ready = 0;
