@@ -23,7 +23,10 @@
 #include <vector>
 
 #include <ember/core/tensor.hpp>
+#include <ember/dist/fsdp.hpp>
 #include <ember/dist/nccl.hpp>
+#include <ember/nn/nn.hpp>
+#include <ember/optim/adam.hpp>
 #include <ember/dist/thread_group.hpp>
 #include <ember/ops/elementwise.hpp>
 
@@ -187,6 +190,62 @@ TEST_CASE("nccl single-process mode (create_all) with one device", "[nccl]") {
   pg.all_reduce(x, dist::ReduceOp::Max);
   CHECK(equals_pattern(x, 2.0));
   CHECK_THROWS_AS(NcclProcessGroup::create_all({0, 0}), ValueError);
+}
+
+TEST_CASE("nccl one rank: FullyShardedDataParallel (ZeRO-3, ZeRO-2, bf16 gathers) trains as the plain model", "[nccl][fsdp]") {
+  EMBER_REQUIRE_GPU();
+  // One rank: every collective is a copy, so ZeRO-3 must give the plain model's losses exactly in
+  // fp32 (the same kernels on the same values), and close with bf16 gathered parameters; between
+  // steps no unit is gathered (stage 3).
+  auto make = [] {
+    manual_seed(21);
+    auto m = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(32, 64), std::make_shared<nn::Tanh>(),
+                                              std::make_shared<nn::Linear>(64, 64), std::make_shared<nn::Tanh>(),
+                                              std::make_shared<nn::Linear>(64, 8));
+    m->to(gpu());
+    return m;
+  };
+  AnyTensor x = op::mul(Tensor<float>::rand({16, 32}, Device::cpu(), -1.0, 1.0).to(gpu()), 1.0);
+  AnyTensor y = Tensor<float>::rand({16, 8}, Device::cpu(), -1.0, 1.0).to(gpu());
+  auto losses = [&](int stage, std::optional<DType> param_dtype, bool* freed) {
+    auto m = make();
+    std::vector<double> out;
+    auto step = [&](std::vector<AnyTensor> params, auto&& forward) {
+      optim::AdamW opt(params, {.lr = 1e-2});
+      for (int s = 0; s < 5; ++s) {
+        opt.zero_grad();
+        AnyTensor o = forward();
+        AnyTensor loss = op::mean(op::square(op::sub(o.to(DType::Float32), y)));
+        loss.backward();
+        opt.step();
+        out.push_back(loss.item_double());
+      }
+    };
+    if (stage == 0) {
+      step(m->parameters(), [&] { return m->forward_any(x); });
+    } else {
+      auto pg = one_rank_group();
+      dist::FullyShardedDataParallel fsdp(m, *pg, {.stage = stage, .param_dtype = param_dtype});
+      step(fsdp.parameters(), [&] { return fsdp(x); });
+      if (freed) {
+        *freed = true;
+        for (size_t i = 0; i < fsdp.unit_count(); ++i) *freed = *freed && !fsdp.is_gathered(i);
+      }
+      pg->synchronize();
+    }
+    return out;
+  };
+  bool freed = false;
+  const auto plain = losses(0, std::nullopt, nullptr);
+  const auto z3 = losses(3, std::nullopt, &freed);
+  const auto z2 = losses(2, std::nullopt, nullptr);
+  const auto z3_bf16 = losses(3, DType::BFloat16, nullptr);
+  CHECK(freed);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    CHECK(z3[i] == Approx(plain[i]).epsilon(1e-6));
+    CHECK(z2[i] == Approx(plain[i]).epsilon(1e-6));
+    CHECK(z3_bf16[i] == Approx(plain[i]).epsilon(0.05));
+  }
 }
 
 TEST_CASE("nccl: a collective that cannot finish times out, aborts and throws", "[nccl]") {
