@@ -472,3 +472,89 @@ TEST_CASE("FSDP: the Trainer trains fully sharded as it trains DataParallel (acc
     }
   }
 }
+
+TEST_CASE("FSDP: forward without grad, gather_full_parameters serves GPT generation, a bypassed root hook is an "
+          "error after a step", "[fsdp][gpt]") {
+  const nn::GPTConfig cfg{.vocab_size = 16, .block_size = 12, .n_layer = 2, .n_head = 2, .n_embd = 8, .dropout = 0.0};
+  std::vector<int> failures(2, 0);
+  std::vector<std::string> errors(2), released(2);
+  run_ranks(2, [&](int r, dist::ProcessGroup& g) {
+    {  // Stage 3 frees the root after the step: a forward past the hooks meets released memory.
+      auto gpt = std::make_shared<nn::GPT>(cfg);
+      dist::FullyShardedDataParallel fsdp(gpt, g);
+      optim::SGD opt(fsdp.parameters(), {.lr = 0.1});
+      const auto ids = Tensor<int64_t>::from_vector({1, 2, 3}, {1, 3});
+      op::mean(op::square(AnyTensor((*gpt)(ids)))).backward();
+      opt.step();
+      try {
+        (void)gpt->forward(ids);
+      } catch (const ValueError& e) {
+        released[static_cast<size_t>(r)] = e.what();
+      }
+    }
+    auto gpt = std::make_shared<nn::GPT>(cfg);
+    init_params(*gpt, 4);
+    auto reference = std::make_shared<nn::GPT>(cfg);
+    init_params(*reference, 4);
+    int& bad = failures[static_cast<size_t>(r)];
+    dist::FullyShardedDataParallel fsdp(gpt, g, {.stage = 2});  // (stage 3 is the same up to the bypass)
+    const auto ids = Tensor<int64_t>::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+    {
+      NoGradGuard no_grad;
+      const auto got = Tensor<float>(fsdp(AnyTensor(ids))).to_vector();
+      const auto want = (*reference)(ids).to_vector();
+      for (size_t i = 0; i < want.size(); ++i) bad += std::abs(got[i] - want[i]) > 1e-6;
+    }
+    {
+      // Generation calls the blocks' forward() with a cache, past their hooks: gather everything.
+      auto full = fsdp.gather_full_parameters();
+      for (size_t i = 0; i < fsdp.unit_count(); ++i) bad += !fsdp.is_gathered(i);
+      const auto a = gpt->generate(ids, {.max_new_tokens = 4, .temperature = 0.0});
+      const auto b = reference->generate(ids, {.max_new_tokens = 4, .temperature = 0.0});
+      bad += a.to_vector() != b.to_vector();
+    }
+    // One step through the hooks, then a typed forward() that skips the root's hook.
+    optim::SGD opt(fsdp.parameters(), {.lr = 0.1});
+    auto loss = op::mean(op::square(AnyTensor((*gpt)(ids))));
+    loss.backward();
+    opt.step();
+    try {
+      (void)gpt->forward(ids);
+    } catch (const DistributedError& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  CHECK(failures == std::vector<int>{0, 0});
+  for (const std::string& e : errors) {
+    CHECK_THAT(e, Catch::Contains("the root module's own parameters (wte.weight, ...) were not gathered"));
+    CHECK_THAT(e, Catch::Contains("model->forward(x)"));
+  }
+  for (const std::string& e : released) CHECK_THAT(e, Catch::Contains("a tensor's memory is released"));
+}
+
+TEST_CASE("FSDP: stage 3 frees every unit after a forward without grad and between steps", "[fsdp]") {
+  run_ranks(2, [&](int r, dist::ProcessGroup& g) {
+    auto model = make_mlp(2);
+    dist::FullyShardedDataParallel fsdp(model, g);
+    auto gathered = [&] {
+      int n = 0;
+      for (size_t i = 0; i < fsdp.unit_count(); ++i) n += fsdp.is_gathered(i);
+      return n;
+    };
+    if (fsdp.unit_count() != 4) throw std::runtime_error("expected 4 units (the four Linear layers)");
+    if (gathered() != 0) throw std::runtime_error("gathered after construction");
+    {
+      NoGradGuard no_grad;
+      (void)fsdp(AnyTensor(rows(0, r, 2, 6, 1)));
+    }
+    if (gathered() != 0) throw std::runtime_error("gathered after a forward without grad");
+    AnyTensor loss = op::mean(op::square(fsdp(AnyTensor(rows(0, r, 2, 6, 1)))));
+    if (gathered() != 0) throw std::runtime_error("gathered after a forward with grad (each unit frees after its forward)");
+    loss.backward();
+    if (gathered() != 0) throw std::runtime_error("gathered after backward");
+    for (const AnyTensor& p : model->parameters())
+      if (p.grad().defined()) throw std::runtime_error("a module parameter kept a .grad (the shards hold them)");
+    for (const AnyTensor& s : fsdp.parameters())
+      if (!s.grad().defined()) throw std::runtime_error("a shard without .grad after backward");
+  });
+}

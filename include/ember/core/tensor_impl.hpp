@@ -34,10 +34,23 @@ struct TensorImpl {
   std::function<AnyTensor()> grad_destination;
 
   void* data() const {
-    void* base = storage ? storage->data() : nullptr;  // null also while released (Storage::release_memory)
-    return base ? static_cast<char*>(base) + offset * static_cast<int64_t>(dtype_size(dtype)) : nullptr;
+    if (!storage) return nullptr;
+    void* base = storage->data();
+    if (base == nullptr) [[unlikely]] {
+      if (storage->bytes() > 0) throw_released();
+      return nullptr;
+    }
+    return static_cast<char*>(base) + offset * static_cast<int64_t>(dtype_size(dtype));
   }
   int64_t numel() const { return shape.numel(); }
+  // Reading a tensor whose storage gave its memory back (Storage::release_memory) is an error, not
+  // a read through a null pointer.
+  [[noreturn]] static void throw_released() {
+    throw ValueError(
+        "a tensor's memory is released (Storage::release_memory): a parameter of a FullyShardedDataParallel unit "
+        "used while its unit is not gathered; call the model as fsdp(x), (*model)(x) or model->forward_any(x) so "
+        "its hooks gather it, or hold fsdp.gather_full_parameters()");
+  }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
 };
 

@@ -553,7 +553,7 @@ class FullyShardedDataParallel {
       Unit& u = units[ui];
       if (is_root_hook) {
         root_hook_seen = true;
-      } else if (root != SIZE_MAX && ui != root && units[root].stale && !root_hook_seen) {
+      } else if (root != SIZE_MAX && ui != root && units[root].stale) {  // the root's hook did not run
         throw DistributedError(::ember::detail::str_cat(
             "FullyShardedDataParallel: unit '", u.info.name, "' runs but the root module's own parameters (",
             units[root].info.params[0].name, ", ...) were not gathered after the last step: the model was "
