@@ -203,10 +203,13 @@ TEST_CASE("FSDP: ZeRO-2 and ZeRO-3 give DataParallel's losses and parameters ove
     const RunResult z3 = train_run(Mode::Zero3, world, {});
     INFO("world " << world);
     REQUIRE(z3.losses[0].size() == 50);
-    CHECK(max_loss_diff(ddp, z2) <= 1e-6);
-    CHECK(max_loss_diff(ddp, z3) <= 1e-6);
-    CHECK(max_state_diff(ddp.final_state, z2.final_state) <= 1e-6);
-    CHECK(max_state_diff(ddp.final_state, z3.final_state) <= 1e-6);
+    // The issue's bound is 1e-6; here it is bitwise: ThreadProcessGroup sums every element in double
+    // in rank order for DataParallel's all_reduce and for the reduce_scatter alike, and AdamW is
+    // elementwise, so flattening into shards changes no rounding.
+    CHECK(max_loss_diff(ddp, z2) == 0);
+    CHECK(max_loss_diff(ddp, z3) == 0);
+    CHECK(max_state_diff(ddp.final_state, z2.final_state) == 0);
+    CHECK(max_state_diff(ddp.final_state, z3.final_state) == 0);
     CHECK(ddp.losses[0].back() < 0.8 * ddp.losses[0].front());  // it trains
   }
 }
