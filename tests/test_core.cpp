@@ -364,3 +364,24 @@ TEST_CASE("gaps: a std::vector<int64_t> serves as a Shape", "[gaps][core]") {
   CHECK_THROWS_AS(Tensor<float>::from_vector({1, 2}, dims), ShapeError);
   CHECK_THROWS_AS(Shape(std::vector<int64_t>{2, -1}), ShapeError);
 }
+
+TEST_CASE("Storage::release_memory gives the bytes back, tensors on it raise until reallocate()", "[core][memory]") {
+  AnyTensor t = AnyTensor::full(Shape{1000}, 2.0, DType::Float32);
+  AnyTensor view = t.slice(10, 20);
+  const int64_t before = memory_stats().current_bytes;
+  std::shared_ptr<Storage> st = t.impl()->storage;
+  CHECK(st->allocated());
+  st->release_memory();
+  CHECK_FALSE(st->allocated());
+  CHECK(memory_stats().current_bytes == before - 4000);
+  CHECK_THROWS_WITH(view.to_double_vector(), Catch::Contains("a tensor's memory is released"));
+  CHECK_THROWS_AS(t.data_ptr(), ValueError);
+  st->release_memory();  // twice: nothing
+  st->reallocate();
+  CHECK(memory_stats().current_bytes == before);
+  view.copy_(AnyTensor::full(Shape{10}, 5.0, DType::Float32));
+  CHECK(view.to_double_vector() == std::vector<double>(10, 5.0));
+  AnyTensor empty = AnyTensor::zeros(Shape{0}, DType::Float32);
+  empty.impl()->storage->release_memory();
+  CHECK(empty.data_ptr() == nullptr);  // nothing to release: no error
+}

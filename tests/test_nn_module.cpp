@@ -261,3 +261,49 @@ TEST_CASE("module: a model returned by value or moved keeps its registered tenso
   CHECK(wb.named_buffers()[0].second.impl() == wb.count.impl());
   CHECK(wb(Tensor<float>::ones({2})).to_vector() == std::vector<float>{1.0f, 1.0f});
 }
+
+TEST_CASE("Module forward hook: before and after once per call through operator(), forward_any and Sequential, "
+          "the output replaced, a typed forward() skips it", "[nn][module]") {
+  struct Recorder : nn::Module::ForwardHook {
+    std::vector<std::string> log;
+    double add = 0;
+    void before(nn::Module& m) override { log.push_back("before " + m.type_name()); }
+    AnyTensor after(nn::Module& m, const AnyTensor& y) override {
+      log.push_back("after " + m.type_name());
+      return add == 0 ? y : op::add(y, add);
+    }
+  };
+  manual_seed(3);
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  auto seq = std::make_shared<nn::Sequential>(lin, std::make_shared<nn::Tanh>());
+  auto on_lin = std::make_shared<Recorder>();
+  auto on_seq = std::make_shared<Recorder>();
+  lin->set_forward_hook(on_lin);
+  seq->set_forward_hook(on_seq);
+  CHECK(lin->forward_hook() == on_lin);
+  const auto x = Tensor<float>::ones({1, 3});
+  const auto plain = lin->forward(x).to_vector();  // typed forward(): no hook
+  CHECK(on_lin->log.empty());
+  on_lin->add = 10;
+  const auto hooked = (*lin)(x).to_vector();  // operator() reaches forward_any: one pair
+  REQUIRE(hooked.size() == plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(hooked[i] == plain[i] + 10);
+  CHECK(on_lin->log == std::vector<std::string>{"before Linear", "after Linear"});
+  on_lin->log.clear();
+  (void)lin->forward_any(x);
+  CHECK(on_lin->log == std::vector<std::string>{"before Linear", "after Linear"});
+  on_lin->log.clear();
+  on_lin->add = 0;
+  (void)(*seq)(x);  // the Sequential's hook around its layers' hooks
+  CHECK(on_seq->log == std::vector<std::string>{"before Sequential", "after Sequential"});
+  CHECK(on_lin->log == std::vector<std::string>{"before Linear", "after Linear"});
+  // The replaced output is what backward sees.
+  on_lin->add = 1;
+  auto loss = sum(square((*lin)(x)));
+  loss.backward();
+  CHECK(lin->bias.grad().defined());
+  lin->set_forward_hook(nullptr);
+  on_lin->log.clear();
+  (void)(*lin)(x);
+  CHECK(on_lin->log.empty());
+}
