@@ -561,3 +561,68 @@ TEST_CASE("FSDP: stage 3 frees every unit after a forward without grad and betwe
       if (!s.grad().defined()) throw std::runtime_error("a shard without .grad after backward");
   });
 }
+
+namespace {
+// Unit "body" holds a Linear the forward never uses: its gradient counts as zero (DataParallel's rule).
+struct WithUnused : nn::ModuleBase<WithUnused> {
+  struct Body : nn::ModuleBase<Body> {
+    std::shared_ptr<nn::Linear> used, unused;
+    Body() {
+      used = register_module("used", std::make_shared<nn::Linear>(6, 5));
+      unused = register_module("unused", std::make_shared<nn::Linear>(5, 5));
+    }
+    template <Element T>
+    Tensor<T> forward(const Tensor<T>& x) {
+      return tanh((*used)(x));
+    }
+    std::string type_name() const override { return "Body"; }
+  };
+  std::shared_ptr<Body> body;
+  std::shared_ptr<nn::Linear> head;
+  WithUnused() {
+    body = register_module("body", std::make_shared<Body>());
+    head = register_module("head", std::make_shared<nn::Linear>(5, 3));
+  }
+  template <Element T>
+  Tensor<T> forward(const Tensor<T>& x) {
+    return (*head)((*body)(x));
+  }
+};
+}  // namespace
+
+TEST_CASE("FSDP: a parameter no rank uses gets a zero gradient, as under DataParallel", "[fsdp]") {
+  auto run = [](Mode mode) {
+    std::vector<std::vector<double>> params(2);
+    run_ranks(2, [&](int r, dist::ProcessGroup& g) {
+      auto model = std::make_shared<WithUnused>();
+      init_params(*model, 8);
+      std::unique_ptr<dist::DataParallel> dp;
+      std::unique_ptr<dist::FullyShardedDataParallel> fsdp;
+      std::vector<AnyTensor> ps;
+      if (mode == Mode::Ddp) {
+        dp = std::make_unique<dist::DataParallel>(model, g);
+        ps = model->parameters();
+      } else {
+        fsdp = std::make_unique<dist::FullyShardedDataParallel>(model, g, dist::FullyShardedOptions{.stage = 3, .units = {"body"}});
+        ps = fsdp->parameters();
+      }
+      optim::SGD opt(ps, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});  // decay moves unused weights too
+      for (int s = 0; s < 4; ++s) {
+        opt.zero_grad();
+        AnyTensor x = rows(s, r, 3, 6, 1);
+        AnyTensor out = fsdp ? (*fsdp)(x) : (*dp)(x);
+        op::mean(op::square(out)).backward();
+        opt.step();
+      }
+      nn::StateDict sd = fsdp ? fsdp->full_state_dict() : model->state_dict();
+      for (auto& [n, t] : sd)
+        for (double v : t.to_double_vector()) params[static_cast<size_t>(r)].push_back(v);
+    });
+    return params;
+  };
+  const auto ddp = run(Mode::Ddp);
+  const auto z3 = run(Mode::Zero3);
+  REQUIRE(ddp[0].size() == z3[0].size());
+  for (size_t i = 0; i < ddp[0].size(); ++i) CHECK(z3[0][i] == ddp[0][i]);
+  CHECK(z3[0] == z3[1]);
+}

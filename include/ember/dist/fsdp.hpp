@@ -457,7 +457,8 @@ class FullyShardedDataParallel {
     std::shared_ptr<Work> gather_work;
     int64_t gather_ns = 0;
     // Gradients of the current (or accumulating) backward.
-    AnyTensor flat_grad;                // [world * S] param_dtype
+    AnyTensor flat_grad;                // [world * S] param_dtype, uninitialised where nothing was written
+    std::vector<bool> written;          // which parameters' slices of flat_grad hold a gradient
     std::vector<bool> ready;
     size_t n_ready = 0;
     bool reduced = false;               // reduce_scatter launched in this backward
@@ -625,8 +626,13 @@ class FullyShardedDataParallel {
             "' had sent its gradients in this backward (a parameter used again outside its unit: keep it in the root, "
             "or list a unit that holds every use)"));
       }
-      if (!u.flat_grad.defined())
-        u.flat_grad = AnyTensor::zeros(Shape{u.info.shard_numel * group->size()}, param_dtype, device);
+      if (!u.flat_grad.defined()) {
+        // Not zero-filled: backward copies each gradient into its slice (AccumulateGrad), and the
+        // slices nothing wrote are zeroed when the reduce_scatter starts (launch_reduce).
+        u.flat_grad = AnyTensor::empty(Shape{u.info.shard_numel * group->size()}, param_dtype, device);
+        u.written.assign(u.params.size(), false);
+      }
+      u.written[k] = true;
       return grad_view(u, k);
     }
 
@@ -681,6 +687,7 @@ class FullyShardedDataParallel {
         u.master.set_grad(g);
       }
       u.flat_grad = AnyTensor();
+      u.written.clear();
       u.grad_shard = AnyTensor();
       u.reduce_work.reset();
       u.reduce_ns = 0;
@@ -688,8 +695,21 @@ class FullyShardedDataParallel {
 
     void launch_reduce(Unit& u) {
       NoGradGuard no_grad;
-      if (!u.flat_grad.defined())  // no gradient on this rank: zeros (other ranks may have some)
+      if (!u.flat_grad.defined()) {  // no gradient on this rank: zeros (other ranks may have some)
         u.flat_grad = AnyTensor::zeros(Shape{u.info.shard_numel * group->size()}, param_dtype, device);
+      } else {  // zeros where no gradient was written: unused parameters and the padding
+        Backend& be = u.flat_grad.backend();
+        for (size_t k = 0; k < u.params.size(); ++k)
+          if (!u.written[k]) {
+            AnyTensor v = u.flat_grad.slice(u.info.params[k].offset, u.info.params[k].offset + u.info.params[k].numel);
+            be.fill(param_dtype, v.data_ptr(), v.numel(), 0.0);
+          }
+        const int64_t total = u.info.shard_numel * group->size();
+        if (total > u.info.numel) {
+          AnyTensor pad = u.flat_grad.slice(u.info.numel, total);
+          be.fill(param_dtype, pad.data_ptr(), pad.numel(), 0.0);
+        }
+      }
       u.reduced = true;
       for (AnyTensor& p : u.params) p.set_grad(AnyTensor());  // the buffer belongs to the collective now
       u.grad_shard = AnyTensor::empty(Shape{u.info.shard_numel}, param_dtype, device);
