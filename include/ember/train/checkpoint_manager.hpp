@@ -22,7 +22,8 @@
 // safetensors header validates); one that fails is skipped with a warning naming the folder and
 // the reason, and the next older one is used. Temporary folders are never taken for checkpoints;
 // those left by dead processes are removed when a manager is made. (The folder layout, its scan
-// and the verification: detail/checkpoint_folder.hpp.)
+// the verification, the commit and the retention: io/detail/checkpoint_folder.hpp; the scheduler,
+// scaler and generator state: amp/detail/run_state_json.hpp.)
 //
 // save_async copies the state to host memory on the calling thread, then writes on a background
 // thread while training goes on; a second save waits for the first; a writer's error is thrown by
@@ -49,16 +50,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ember/amp/detail/run_state_json.hpp"
 #include "ember/amp/grad_scaler.hpp"
 #include "ember/core/random.hpp"
 #include "ember/core/trace.hpp"
 #include "ember/data/distributed_sampler.hpp"
 #include "ember/io/atomic_file.hpp"
+#include "ember/io/detail/checkpoint_folder.hpp"
 #include "ember/io/safetensors.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/optim/scheduler.hpp"
 #include "ember/optim/state_io.hpp"
-#include "ember/train/detail/checkpoint_folder.hpp"
 #include "ember/train/detail/checkpoint_staging.hpp"
 
 namespace ember::train {
@@ -148,7 +150,7 @@ class CheckpointManager {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw IOError("CheckpointManager: cannot create the folder '" + dir_.string() + "': " + ec.message());
-    if (options_.clean_stale) remove_stale_temporaries();
+    if (options_.clean_stale) io::detail::remove_stale_checkpoint_temporaries(dir_);
   }
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -203,12 +205,12 @@ class CheckpointManager {
   }
 
   // Steps of the folders named step-<n>, newest first (not verified).
-  std::vector<int64_t> steps() const { return detail::checkpoint_steps(dir_); }
+  std::vector<int64_t> steps() const { return io::detail::checkpoint_steps(dir_); }
 
   // Why the checkpoint of this step is not usable, or "" when it verifies.
   std::string verify(int64_t step) const {
     try {
-      detail::verify_checkpoint_folder(path_of(step));
+      io::detail::verify_checkpoint_folder(path_of(step));
       return "";
     } catch (const std::exception& e) {
       return e.what();
@@ -230,7 +232,7 @@ class CheckpointManager {
   LoadedCheckpoint load(int64_t step, const CheckpointTargets& t) {
     wait();
     const std::filesystem::path p = path_of(step);
-    nlohmann::json st = detail::verify_checkpoint_folder(p);
+    nlohmann::json st = io::detail::verify_checkpoint_folder(p);
     const std::string who = "checkpoint '" + p.string() + "'";
     // Check that what the targets need is there before changing anything.
     EMBER_CHECK(!t.model || st["files"].contains("model.safetensors"), FormatError, who, " has no model");
@@ -239,20 +241,7 @@ class CheckpointManager {
                 " has no scheduler state");
     if (t.model) t.model->load((p / "model.safetensors").string(), /*strict=*/true);
     if (t.optimizer) optim::load_state(*t.optimizer, (p / "optimizer.safetensors").string());
-    if (t.scheduler) t.scheduler->load_state_dict(optim::scheduler_from_json(st["scheduler"]));
-    if (t.scaler && t.scaler->is_enabled()) {
-      EMBER_CHECK(st.contains("grad_scaler") && st["grad_scaler"].is_object(), FormatError, who,
-                  " has no GradScaler state");
-      t.scaler->load_state_dict(optim::hyperparams_from_json(st["grad_scaler"], who + " grad_scaler"));
-    }
-    const auto& gens = st["generators"];
-    auto restore = [&](const std::string& name, Generator& g) {
-      EMBER_CHECK(gens.contains(name) && gens[name].contains("seed") && gens[name].contains("offset"), FormatError, who,
-                  " has no state for generator '", name, "'");
-      g.set_state(gens[name]["seed"].get<uint64_t>(), gens[name]["offset"].get<uint64_t>());
-    };
-    restore("default", default_generator());
-    for (const auto& [name, g] : t.generators) restore(name, *g);
+    amp::detail::restore_run_state(st, t.scheduler, t.scaler, t.generators, who);
     LoadedCheckpoint r;
     r.step = st["step"].get<int64_t>();
     r.epoch = st["epoch"].get<int64_t>();
@@ -315,22 +304,10 @@ class CheckpointManager {
     nlohmann::json& j = s.state;
     j["format"] = "ember.checkpoint";
     j["format_version"] = 1;
-    j["ember_version"] = detail::version_string();
+    j["ember_version"] = io::detail::version_string();
     j["step"] = step;
     j["epoch"] = extras.epoch;
-    j["scheduler"] = t.scheduler ? nlohmann::json(optim::scheduler_to_json(t.scheduler->state_dict())) : nlohmann::json();
-    if (t.scheduler) j["scheduler_name"] = t.scheduler->name();
-    j["grad_scaler"] = t.scaler && t.scaler->is_enabled()
-                           ? nlohmann::json(optim::hyperparams_to_json(t.scaler->state_dict()))
-                           : nlohmann::json();
-    nlohmann::json gens = nlohmann::json::object();
-    gens["default"] = {{"seed", default_generator().seed()}, {"offset", default_generator().offset()}};
-    for (const auto& [name, g] : t.generators) {
-      EMBER_CHECK(name != "default" && g != nullptr, ValueError, "CheckpointManager.save: generator '", name,
-                  "' is null or uses the reserved name 'default'");
-      gens[name] = {{"seed", g->seed()}, {"offset", g->offset()}};
-    }
-    j["generators"] = std::move(gens);
+    amp::detail::write_run_state(j, t.scheduler, t.scaler, t.generators, "CheckpointManager.save");
     j["data"] = extras.data;
     j["user"] = extras.user;
     return s;
@@ -350,7 +327,7 @@ class CheckpointManager {
         uint32_t crc = 0;
         uint64_t bytes = 0;
         write_fn((tmp / name).string(), [&](const void* p, size_t n) {
-          crc = detail::crc32_update(crc, p, n);
+          crc = io::detail::crc32_update(crc, p, n);
           bytes += n;
         });
         files[name] = {{"bytes", bytes}, {"crc32", crc}};
@@ -365,19 +342,7 @@ class CheckpointManager {
         });
       state["files"] = std::move(files);
       io::write_file_atomic(tmp / "state.json", state.dump(2) + "\n");
-      const std::filesystem::path final_path = dir_ / final_name;
-      // A checkpoint of this step already exists (a resumed run saving the same step again):
-      // move it aside first (rename cannot replace a non-empty folder).
-      std::filesystem::path old;
-      if (std::filesystem::exists(final_path, ec)) {
-        old = dir_ / ::ember::detail::str_cat(".old-", final_name, "-", ::getpid(), "-", counter_++);
-        if (::rename(final_path.c_str(), old.c_str()) != 0)
-          io::detail::throw_io("CheckpointManager: cannot move the previous checkpoint aside:", final_path.string(), errno);
-      }
-      if (::rename(tmp.c_str(), final_path.c_str()) != 0)
-        io::detail::throw_io("CheckpointManager: cannot commit checkpoint", final_path.string(), errno);
-      io::fsync_directory(dir_);
-      if (!old.empty()) std::filesystem::remove_all(old, ec);
+      io::detail::commit_checkpoint_folder(tmp, dir_, final_name, "CheckpointManager", counter_);
     } catch (...) {
       std::filesystem::remove_all(tmp, ec);
       throw;
@@ -387,46 +352,9 @@ class CheckpointManager {
 
 
   void apply_retention(int64_t just_written) {
-    if (options_.keep_last == 0) return;
-    std::vector<int64_t> all = steps();
-    int kept = 0;
-    for (int64_t s : all) {
-      const bool newest = kept < options_.keep_last;
-      if (newest) ++kept;
-      if (newest || s == just_written || (options_.keep_every > 0 && s % options_.keep_every == 0)) continue;
-      // Renamed out of the step-<n> namespace first, so a kill during the removal leaves nothing
-      // that a scan could take for a checkpoint.
-      const std::filesystem::path doomed = dir_ / ::ember::detail::str_cat(".old-step-", s, "-", ::getpid(), "-", counter_++);
-      std::error_code ec;
-      if (::rename(path_of(s).c_str(), doomed.c_str()) != 0) {
-        warn("cannot remove old checkpoint '" + path_of(s).string() + "': " + std::strerror(errno));
-        continue;
-      }
-      std::filesystem::remove_all(doomed, ec);
-      if (ec) warn("cannot remove '" + doomed.string() + "': " + ec.message());
-    }
+    io::detail::apply_checkpoint_retention(dir_, options_.keep_last, options_.keep_every, just_written,
+                                           [this](const std::string& m) { warn(m); }, counter_);
   }
-
-  // Folders .tmp-* / .old-* whose writing process is gone.
-  void remove_stale_temporaries() {
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
-      const std::string n = e.path().filename().string();
-      if (n.rfind(".tmp-step-", 0) != 0 && n.rfind(".old-step-", 0) != 0) continue;
-      // ...-<pid>-<k>
-      const size_t b = n.rfind('-');
-      const size_t a = b == std::string::npos || b == 0 ? std::string::npos : n.rfind('-', b - 1);
-      if (a == std::string::npos) continue;
-      const long pid = std::strtol(n.c_str() + a + 1, nullptr, 10);
-      if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;  // still writing
-      if (pid == ::getpid()) continue;
-      std::error_code rm;
-      std::filesystem::remove_all(e.path(), rm);
-    }
-  }
-
-
-
 
   void join() {
     if (writer_.joinable()) writer_.join();

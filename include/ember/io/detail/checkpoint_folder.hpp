@@ -1,13 +1,21 @@
 #pragma once
-// The on-disk layout of a train::CheckpointManager folder (docs/checkpoints.md): the step-<n>
-// names, the scan for them, and the verification of one checkpoint folder (state.json parses,
-// each file has its recorded size and zlib CRC32, each safetensors header validates).
+// The on-disk layout of a checkpoint folder, shared by train::CheckpointManager and
+// dist::ShardedCheckpointManager (docs/checkpoints.md): the step-<n> names and the scan for them,
+// the verification of one checkpoint folder (state.json parses, each file has its recorded size
+// and zlib CRC32, each safetensors header validates), the commit of a temporary folder as
+// step-<n>, the retention of the newest ones, and the removal of temporary folders whose writer
+// is gone.
+#include <signal.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -17,10 +25,11 @@
 #include <nlohmann/json.hpp>
 
 #include "ember/core/error.hpp"
+#include "ember/io/atomic_file.hpp"
 #include "ember/io/safetensors.hpp"
 #include "ember/version.hpp"
 
-namespace ember::train::detail {
+namespace ember::io::detail {
 
 // zlib's CRC32 continued over n more bytes (in chunks zlib's uInt can count): the writer's while it
 // writes a file, crc32_of_file's when verification reads it back.
@@ -111,9 +120,71 @@ inline nlohmann::json verify_checkpoint_folder(const std::filesystem::path& p) {
                 " bytes, state.json says ", (*it)["bytes"].get<uint64_t>());
     EMBER_CHECK(crc == (*it)["crc32"].get<uint32_t>(), FormatError, who, ": ", name, " fails its CRC32 check (",
                 crc, " != ", (*it)["crc32"].get<uint32_t>(), ")");
-    io::SafetensorsFile check(fp);  // the header validates too
+    SafetensorsFile check(fp);  // the header validates too
   }
   return st;
 }
 
-}  // namespace ember::train::detail
+// Commits the written temporary folder `tmp` as dir/final_name: a checkpoint of that step that
+// already exists (a resumed run saving the same step again) is moved aside first (rename cannot
+// replace a non-empty folder), then tmp is renamed and dir fsynced. `who` names the caller in
+// errors; `counter` makes the aside name unique within this process.
+inline void commit_checkpoint_folder(const std::filesystem::path& tmp, const std::filesystem::path& dir,
+                                     const std::string& final_name, const std::string& who, uint64_t& counter) {
+  std::error_code ec;
+  const std::filesystem::path final_path = dir / final_name;
+  std::filesystem::path old;
+  if (std::filesystem::exists(final_path, ec)) {
+    old = dir / ::ember::detail::str_cat(".old-", final_name, "-", ::getpid(), "-", counter++);
+    if (::rename(final_path.c_str(), old.c_str()) != 0)
+      throw_io(who + ": cannot move the previous checkpoint aside:", final_path.string(), errno);
+  }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) throw_io(who + ": cannot commit checkpoint", final_path.string(), errno);
+  fsync_directory(dir);
+  if (!old.empty()) std::filesystem::remove_all(old, ec);
+}
+
+// Keeps the newest keep_last checkpoints of dir (0: all), those whose step is a multiple of
+// keep_every (0: none) and just_written; removes the others, each renamed out of the step-<n>
+// namespace first so that a kill during the removal leaves nothing a scan could take for a
+// checkpoint. Failures are warnings.
+inline void apply_checkpoint_retention(const std::filesystem::path& dir, int keep_last, int64_t keep_every,
+                                       int64_t just_written, const std::function<void(const std::string&)>& warn,
+                                       uint64_t& counter) {
+  if (keep_last == 0) return;
+  int kept = 0;
+  for (int64_t s : checkpoint_steps(dir)) {
+    const bool newest = kept < keep_last;
+    if (newest) ++kept;
+    if (newest || s == just_written || (keep_every > 0 && s % keep_every == 0)) continue;
+    const std::filesystem::path path = dir / ("step-" + std::to_string(s));
+    const std::filesystem::path doomed = dir / ::ember::detail::str_cat(".old-step-", s, "-", ::getpid(), "-", counter++);
+    std::error_code ec;
+    if (::rename(path.c_str(), doomed.c_str()) != 0) {
+      warn("cannot remove old checkpoint '" + path.string() + "': " + std::strerror(errno));
+      continue;
+    }
+    std::filesystem::remove_all(doomed, ec);
+    if (ec) warn("cannot remove '" + doomed.string() + "': " + ec.message());
+  }
+}
+
+// Removes the folders .tmp-step-* / .old-step-* of dir whose writing process (the pid in their
+// name, ...-<pid>-<k>) is no longer running on this machine.
+inline void remove_stale_checkpoint_temporaries(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp-step-", 0) != 0 && n.rfind(".old-step-", 0) != 0) continue;
+    const size_t b = n.rfind('-');
+    const size_t a = b == std::string::npos || b == 0 ? std::string::npos : n.rfind('-', b - 1);
+    if (a == std::string::npos) continue;
+    const long pid = std::strtol(n.c_str() + a + 1, nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;  // still writing
+    if (pid == ::getpid()) continue;
+    std::error_code rm;
+    std::filesystem::remove_all(e.path(), rm);
+  }
+}
+
+}  // namespace ember::io::detail
