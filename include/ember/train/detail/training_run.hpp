@@ -17,6 +17,7 @@
 #include "ember/data/dataloader_json.hpp"
 #include "ember/dist/data_parallel.hpp"
 #include "ember/dist/fsdp.hpp"
+#include "ember/dist/sharded_checkpoint.hpp"
 #include "ember/optim/clip.hpp"
 #include "ember/train/accumulate.hpp"
 #include "ember/train/checkpoint_manager.hpp"
@@ -89,6 +90,7 @@ class TrainingRun {
 
   // ---- the phases, in the order run() calls them ----
   void resume();
+  void resume_sharded();
   void open_logger();
   void log_checkpoint_artifacts();
   void report_already_complete();
@@ -110,9 +112,12 @@ class TrainingRun {
   // ---- the pieces ----
   AnyTensor micro_batch_loss(const data::Batch& batch, StepContext& ctx);
   void validate();
-  void save_checkpoint() { save_to(*checkpoints_, /*is_best=*/false); }
+  void save_checkpoint();
+  bool checkpoints_on() const { return checkpoints_ || sharded_checkpoints_; }
   void save_best_checkpoint_if_due();
   void save_to(CheckpointManager& manager, bool is_best);
+  void save_sharded_to(dist::ShardedCheckpointManager& manager, bool is_best);  // every rank
+  void checkpoint_written(const std::filesystem::path& p, bool is_best);
   bool epoch_ends_with_validation() const;
   bool epoch_ends_with_checkpoint() const;
   bool early_stopping_patience_spent() const;
@@ -165,6 +170,9 @@ class TrainingRun {
   // ---- checkpoints ----
   std::unique_ptr<CheckpointManager> checkpoints_, best_checkpoints_;
   CheckpointTargets targets_;
+  // Fully sharded runs: every rank writes its shard of each checkpoint (dist/sharded_checkpoint.hpp).
+  std::unique_ptr<dist::ShardedCheckpointManager> sharded_checkpoints_, sharded_best_;
+  dist::ShardedCheckpointTargets sharded_targets_;
   int64_t last_saved_step_ = -1;
 
   // ---- observers (rank 0) ----
@@ -448,7 +456,7 @@ inline void TrainingRun::step_interval_work() {
     validate();
     progress_.message("step " + std::to_string(state_.step) + "  " + metrics_text(state_.metrics));
   }
-  if (checkpoints_ && c.every_steps > 0 && state_.step % c.every_steps == 0 && !(epoch_end && epoch_ends_with_checkpoint()))
+  if (checkpoints_on() && c.every_steps > 0 && state_.step % c.every_steps == 0 && !(epoch_end && epoch_ends_with_checkpoint()))
     save_checkpoint();
   if (!epoch_end_validates) save_best_checkpoint_if_due();
 }
@@ -487,7 +495,7 @@ inline void TrainingRun::end_epoch() {
 
 inline void TrainingRun::finish() {
   result_.early_stopped = stop_early_ && !result_.cancelled;
-  if (checkpoints_ && options_.checkpoint.save_at_end && last_saved_step_ != state_.step) save_checkpoint();
+  if (checkpoints_on() && options_.checkpoint.save_at_end && last_saved_step_ != state_.step) save_checkpoint();
   if (checkpoints_) checkpoints_->wait();  // the last save_async commits (and its error is thrown) before fit returns
   profile_.report(state_.step, progress_, logger_);  // a window the run ended inside of
   progress_.finish();
@@ -566,7 +574,7 @@ inline bool TrainingRun::epoch_ends_with_validation() const {
 
 inline bool TrainingRun::epoch_ends_with_checkpoint() const {
   const CheckpointPolicy& c = options_.checkpoint;
-  return checkpoints_ && c.every_epochs > 0 && (epoch_ + 1) % c.every_epochs == 0;
+  return checkpoints_on() && c.every_epochs > 0 && (epoch_ + 1) % c.every_epochs == 0;
 }
 
 inline bool TrainingRun::early_stopping_patience_spent() const {

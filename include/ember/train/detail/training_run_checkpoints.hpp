@@ -25,8 +25,10 @@ inline double number_from_json(const nlohmann::json& j) {
 // loads that one (they all see the same folder).
 inline void TrainingRun::resume() {
   const CheckpointPolicy& policy = options_.checkpoint;
-  EMBER_CHECK(!sharded_ || policy.dir.empty(), ValueError,
-              "Trainer.fit: checkpoints of a FullyShardedDataParallel model are not supported yet (checkpoint.dir is set)");
+  if (sharded_) {
+    resume_sharded();
+    return;
+  }
   if (!policy.dir.empty()) {
     CheckpointOptions co;
     co.keep_last = policy.keep_last;
@@ -75,13 +77,28 @@ inline void TrainingRun::resume() {
 }
 
 inline void TrainingRun::save_after_cancel() {
-  if (checkpoints_ && options_.checkpoint.save_on_cancel && last_saved_step_ != state_.step) save_checkpoint();
+  if (checkpoints_on() && options_.checkpoint.save_on_cancel && last_saved_step_ != state_.step) save_checkpoint();
+}
+
+inline void TrainingRun::save_checkpoint() {
+  if (sharded_checkpoints_)
+    save_sharded_to(*sharded_checkpoints_, /*is_best=*/false);
+  else
+    save_to(*checkpoints_, /*is_best=*/false);
 }
 
 // dir/best/step-<n>, the only one kept there.
 inline void TrainingRun::save_best_checkpoint_if_due() {
   if (!best_checkpoint_due_) return;
   best_checkpoint_due_ = false;
+  if (sharded_checkpoints_) {  // every rank writes its shard
+    if (!sharded_best_)
+      sharded_best_ = std::make_unique<dist::ShardedCheckpointManager>(
+          options_.checkpoint.dir / "best", *group_, dist::ShardedCheckpointOptions{.keep_last = 1});
+    best_checkpoint_path_ = sharded_best_->path_of(state_.step).string();
+    save_sharded_to(*sharded_best_, /*is_best=*/true);
+    return;
+  }
   if (!is_writer_) return;
   if (!best_checkpoints_) {
     CheckpointOptions bo;
@@ -101,7 +118,62 @@ inline void TrainingRun::save_to(CheckpointManager& manager, bool is_best) {
     manager.save_async(state_.step, targets_, extras);
   else
     manager.save(state_.step, targets_, extras);
-  const std::filesystem::path p = manager.path_of(state_.step);
+  checkpoint_written(manager.path_of(state_.step), is_best);
+}
+
+// A fully sharded run's checkpoint: a collective (every rank writes its shard; save_async is not
+// used: the shards are written synchronously). Rank 0 records it and runs the callbacks.
+inline void TrainingRun::save_sharded_to(dist::ShardedCheckpointManager& manager, bool is_best) {
+  const data::DataLoaderState position{static_cast<uint64_t>(epoch_), step_in_epoch_ * accumulation_,
+                                       train_loader_.state().seed};
+  manager.save(state_.step, sharded_targets_,
+               {.epoch = epoch_, .data = {{"loader", position}}, .user = {{"trainer", trainer_state_json()}}});
+  if (!is_best) last_saved_step_ = state_.step;
+  if (is_writer_) checkpoint_written(manager.path_of(state_.step), is_best);
+}
+
+// The resume of a fully sharded run: every rank loads its shards of the newest complete
+// checkpoint, resharded when it was written by another number of ranks.
+inline void TrainingRun::resume_sharded() {
+  const CheckpointPolicy& policy = options_.checkpoint;
+  if (!policy.dir.empty())
+    sharded_checkpoints_ = std::make_unique<dist::ShardedCheckpointManager>(
+        policy.dir, *group_, dist::ShardedCheckpointOptions{.keep_last = policy.keep_last});
+  sharded_targets_ = {.fsdp = sharded_, .optimizer = &optimizer_, .scheduler = options_.scheduler,
+                      .scaler = scaler_on_ ? &scaler_ : nullptr, .generators = {}};
+  if (sharded_checkpoints_ && policy.resume) {
+    if (auto r = sharded_checkpoints_->load_latest(sharded_targets_)) {
+      const std::string who = "Trainer: checkpoint '" + r->path.string() + "'";
+      EMBER_CHECK(r->user.contains("trainer") && r->user["trainer"].is_object(), FormatError, who,
+                  " was not written by a Trainer (no \"trainer\" object in its user state)");
+      restore_trainer_state(r->user["trainer"], who);
+      EMBER_CHECK(step_in_epoch_ >= 0 && step_in_epoch_ <= steps_per_epoch_, FormatError, who, ": it stopped after step ",
+                  step_in_epoch_, " of its epoch, but an epoch now has ", steps_per_epoch_, " steps (",
+                  r->saved_world != world_size_ ? "written by " + std::to_string(r->saved_world) + " ranks, resumed on " +
+                                                      std::to_string(world_size_) + ": keep the global batch, "
+                                                : std::string(),
+                  "loader, batch size or accumulation changed?)");
+      if (r->data.contains("loader")) {
+        const auto ls = r->data["loader"].get<data::DataLoaderState>();
+        EMBER_CHECK(ls.seed == train_loader_.state().seed, ValueError, who, ": saved with loader seed ", ls.seed,
+                    " but this loader's seed is ", train_loader_.state().seed, " (its batches would differ)");
+      }
+      result_.resumed_from = r->path;
+      result_.last_checkpoint = r->path;
+      stop_early_ = early_stopping_patience_spent();
+      if (!budget_left() || stop_early_) {
+        result_.already_complete = true;
+        last_saved_step_ = state_.step;
+      }
+    }
+  }
+  state_.start_step = state_.step;
+  result_.start_step = state_.step;
+  state_.lr = optimizer_.param_groups().empty() ? 0.0 : optimizer_.param_groups()[0].lr();
+}
+
+// Rank 0's record of a committed checkpoint, and the callbacks.
+inline void TrainingRun::checkpoint_written(const std::filesystem::path& p, bool is_best) {
   if (is_best) {
     result_.best_checkpoint = p;
   } else {
