@@ -5,6 +5,8 @@
 # (unshare --uts) so Open MPI sees three nodes; TCP only; mpirun (in h1) starts the remote daemons
 # through a small rsh agent that runs the command in the other namespace. Checks:
 #   1. -np 3 across h1 h2 h3 gives the same final_train_loss and test_accuracy as -np 3 on one host;
+#      --zero 3 (FullyShardedDataParallel: all_gather and reduce_scatter over TCP) with -np 2 across
+#      h1 h2 the same as -np 2 on one host;
 #   2. a stopped remote rank (--fail-rank 2, on h3): the others time out (EMBER_DIST_TIMEOUT_S=2)
 #      and abort the job, status 75;
 #   3. the remote rank on h3 SIGKILLed mid-run: the job ends non-zero;
@@ -61,12 +63,15 @@ exec ip netns exec ember_h\${i}_$$ unshare --uts /bin/sh -c "hostname h\$i; \$*"
 AGENT
 chmod +x "$WORK/agent"
 printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n10.77.0.3 slots=1\n' > "$WORK/hosts"
+printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' > "$WORK/hosts2"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The settings that change numerics travel to the remote ranks (only those that are set).
 PASS=""
 for v in OPENBLAS_CORETYPE OMP_NUM_THREADS OPENBLAS_NUM_THREADS; do [ -n "${!v+x}" ] && PASS="$PASS -x $v"; done
-MPI="mpirun -np 3 --hostfile $WORK/hosts --map-by node --mca plm_rsh_agent $WORK/agent --mca btl tcp,self
+TCP="--map-by node --mca plm_rsh_agent $WORK/agent --mca btl tcp,self
   --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24$PASS"
+MPI="mpirun -np 3 --hostfile $WORK/hosts $TCP"
+MPI2="mpirun -np 2 --hostfile $WORK/hosts2 $TCP"
 in_h1() { timeout -k 5 "$1" ip netns exec "${HN[0]}" unshare --uts /bin/sh -c 'hostname h1; shift; exec "$@"' sh x "${@:2}"; }
 # final_train_loss and test_accuracy of ddp_train's JSON line (the rest is timing).
 result() { grep -o '"final_train_loss": [0-9.e+-]*\|"test_accuracy": [0-9.e+-]*' | tr '\n' ' '; }
@@ -91,6 +96,10 @@ one=$(timeout -k 5 120 mpirun -np 3 --oversubscribe --mca btl self,vader $EXE $A
 three=$(in_h1 120 $MPI $EXE $ARGS 2>"$WORK/err" | result)
 echo "one host:    $one"; echo "three hosts: $three"
 if [ -n "$one" ] && [ "$one" = "$three" ]; then echo "ok: equal"; else echo "FAILED: differ"; cat "$WORK/err"; status=1; fi
+one=$(timeout -k 5 120 mpirun -np 2 --oversubscribe --mca btl self,vader $EXE $ARGS --zero 3 2>&1 | result)
+two=$(in_h1 120 $MPI2 $EXE $ARGS --zero 3 2>"$WORK/err" | result)
+echo "--zero 3, one host: $one"; echo "--zero 3, two hosts: $two"
+if [ -n "$one" ] && [ "$one" = "$two" ]; then echo "ok: equal"; else echo "FAILED: differ"; cat "$WORK/err"; status=1; fi
 
 # 2. A rank that stops (--fail-rank 2, on h3): the others time out (EMBER_DIST_TIMEOUT_S=2, passed
 # with -x) and abort the job: status 75 within 60 s.

@@ -8,7 +8,10 @@
 // --batch-size is per rank (the global batch is ranks x batch-size). data::DistributedSampler
 // (drop_last) gives each rank its share of every epoch's shuffled order, the same count on every
 // rank, so every rank runs the same number of steps. --zero 1 uses ZeRO-1 (dist::ZeroRedundancyOptimizer, the
-// Adam state sharded over the ranks) instead of DataParallel + Adam. CPU only (the MPI and thread
+// Adam state sharded over the ranks) instead of DataParallel + Adam; --zero 2 and --zero 3 use
+// dist::FullyShardedDataParallel (ZeRO-2: gradients and Adam state sharded; ZeRO-3: the parameters
+// too, gathered layer by layer as each layer runs) with Adam over each rank's shards. At the end
+// every rank gathers the whole model (full_state_dict) for the accuracy and --save. CPU only (the MPI and thread
 // process groups move CPU tensors). Rank 0 prints one JSON line at the end. A rank that fails
 // makes the others raise DistributedError after --timeout-s seconds (default: EMBER_DIST_TIMEOUT_S,
 // else 300): under MPI the first to time out prints it and aborts the job with status 75
@@ -31,6 +34,7 @@
 
 #include <ember/data/distributed_sampler.hpp>
 #include <ember/dist/data_parallel.hpp>
+#include <ember/dist/fsdp.hpp>
 #include <ember/dist/thread_group.hpp>
 #include <ember/dist/zero.hpp>
 #include <ember/ember.hpp>
@@ -61,15 +65,16 @@ struct Setup {
   int64_t epochs, batch;
   double lr;
   uint64_t seed;
-  bool zero;
+  int zero;  // 0: DataParallel + Adam; 1: ZeRO-1; 2, 3: FullyShardedDataParallel of that stage
   int fail_rank;  // this rank stops (throws) at its third step: shows the failure path
   const examples::Digits* train;
   const examples::Digits* test;
   Device device = Device::cpu();  // where this rank's replica, data and collectives live
 };
 
-// One rank's training loop. Returns the JSON line on rank 0, "" elsewhere.
-std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> model, const Setup& s,
+// One rank's training loop. Returns the JSON line on rank 0, "" elsewhere. With --zero 2|3 the
+// wrapper owns the trained parameters' layout: `model` is replaced by an unwrapped copy of them.
+std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential>& model, const Setup& s,
                        const std::string& backend) {
   const int rank = g.rank(), world = g.size();
   const examples::Digits& train = *s.train;
@@ -80,15 +85,22 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
   // Checks the replicas agree and broadcasts rank 0's weights. gradient_as_bucket_view: backward
   // writes the gradients straight into the buffers that are all-reduced (no copies in and out;
   // bench_ddp_overlap measures the difference); .grad from an earlier step is not kept.
-  dist::DataParallel dp(model, g, {.gradient_as_bucket_view = true});
+  // FullyShardedDataParallel (--zero 2|3) also checks and broadcasts, then shards: every layer
+  // with parameters is a unit.
+  std::unique_ptr<dist::DataParallel> dp;
+  std::unique_ptr<dist::FullyShardedDataParallel> fsdp;
+  if (s.zero >= 2)
+    fsdp = std::make_unique<dist::FullyShardedDataParallel>(model, g, dist::FullyShardedOptions{.stage = s.zero});
+  else
+    dp = std::make_unique<dist::DataParallel>(model, g, dist::DataParallelOptions{.gradient_as_bucket_view = true});
   std::unique_ptr<optim::Adam> adam;
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
-  if (s.zero) {
+  if (s.zero == 1) {
     zero = std::make_unique<dist::ZeroRedundancyOptimizer>(model->parameters(), g, [&](std::vector<AnyTensor> ps) {
       return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = s.lr});
     });
   } else {
-    adam = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = s.lr});
+    adam = std::make_unique<optim::Adam>(fsdp ? fsdp->parameters() : model->parameters(), optim::AdamOptions{.lr = s.lr});
   }
 
   examples::Progress progress;
@@ -109,16 +121,17 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
         throw std::runtime_error("--fail-rank: rank " + std::to_string(rank) + " stops here");
       ++step_count;
       auto idx = perm.slice(b0, std::min(per_rank, b0 + s.batch));
-      auto loss = nn::functional::cross_entropy(dp(index_select(x_train, 0, idx)), index_select(y_train, 0, idx));
-      if (s.zero) {
+      auto x = index_select(x_train, 0, idx);
+      auto loss = nn::functional::cross_entropy(fsdp ? (*fsdp)(x) : (*dp)(x), index_select(y_train, 0, idx));
+      if (s.zero == 1) {
         zero->zero_grad();
         // ZeRO averages the gradients itself (reduce_scatter): skip DataParallel's all-reduce.
-        auto guard = dp.no_sync();
+        auto guard = dp->no_sync();
         loss.backward();
         zero->step();
       } else {
         adam->zero_grad();
-        loss.backward();  // the gradients are averaged over the ranks here
+        loss.backward();  // the gradients are averaged (FSDP: reduce-scattered into the shards) here
         adam->step();
       }
       last_loss = loss.item();
@@ -131,6 +144,13 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
     if (rank == 0)
       progress.epoch(epoch, s.epochs, "loss " + examples::num(mean_loss.to_double_vector()[0], 4), 5);
   }
+  if (fsdp) {  // every rank: the unsharded parameters (a collective), into an unwrapped model
+    const nn::StateDict full = fsdp->full_state_dict();
+    fsdp.reset();
+    model = examples::make_digits_cnn();
+    model->to(s.device);
+    model->load_state_dict(full);
+  }
   if (rank != 0) return "";
   progress.finish();
   const double seconds = progress.seconds();
@@ -141,7 +161,7 @@ std::string train_rank(dist::ProcessGroup& g, std::shared_ptr<nn::Sequential> mo
                               {"backend", examples::quoted(backend)},
                               {"device", examples::quoted(s.device.str())},
                               {"ranks", std::to_string(world)},
-                              {"optimizer", examples::quoted(s.zero ? "zero1_adam" : "adam")},
+                              {"optimizer", examples::quoted(s.zero == 0 ? "adam" : "zero" + std::to_string(s.zero) + "_adam")},
                               {"epochs", std::to_string(s.epochs)},
                               {"final_train_loss", examples::num(last_loss)},
                               {"test_accuracy", examples::num(acc, 4)},
@@ -172,8 +192,9 @@ int main(int argc, char** argv) try {
   examples::Digits all = examples::load_digits(), train, test;
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   examples::split_digits(all, 0.2, seed, train, test);
-  Setup s{args.integer("epochs"), args.integer("batch-size"), args.real("lr"), seed, args.integer("zero") != 0,
+  Setup s{args.integer("epochs"), args.integer("batch-size"), args.real("lr"), seed, static_cast<int>(args.integer("zero")),
           static_cast<int>(args.integer("fail-rank")), &train, &test};
+  EMBER_CHECK(s.zero >= 0 && s.zero <= 3, ValueError, "--zero must be 0 (DataParallel), 1, 2 or 3, got ", s.zero);
   dist::ProcessGroupOptions options;  // timeout: EMBER_DIST_TIMEOUT_S, else 300 s
   if (!args.str("timeout-s").empty())
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.real("timeout-s") * 1000.0));
