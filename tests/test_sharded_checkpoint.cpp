@@ -16,6 +16,7 @@
 #include "ember/dist/fsdp.hpp"
 #include "ember/dist/sharded_checkpoint.hpp"
 #include "ember/dist/thread_group.hpp"
+#include "thread_ranks.hpp"
 #include "ember/ember.hpp"
 
 using namespace ember;
@@ -25,20 +26,7 @@ namespace {
 
 template <class Fn>
 void run_ranks(int world, Fn fn) {
-  auto groups = dist::ThreadProcessGroup::create(world);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r, *groups[static_cast<size_t>(r)]);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  testing::run_thread_ranks(world, std::move(fn));
 }
 
 // Three Linear units, a root unit (the output scale `gain`) and a buffer (`shift`, replicated).

@@ -112,17 +112,7 @@ class DataParallel {
     auto named = module_->named_parameters();
     check_replicas(named, group_);
     state_->as_view = options.gradient_as_bucket_view;
-    if (options.broadcast_from_rank0) {
-      NoGradGuard no_grad;
-      for (auto& [n, p] : named) {
-        AnyTensor t = p.detach();
-        group_.broadcast(t, 0);
-      }
-      for (auto& [n, b] : module_->named_buffers()) {
-        AnyTensor t = b.detach();
-        group_.broadcast(t, 0);
-      }
-    }
+    if (options.broadcast_from_rank0) broadcast_module_state(*module_, group_);
     // Buckets over the parameters that require grad, in reverse registration order.
     State& st = *state_;
     for (auto it = named.rbegin(); it != named.rend(); ++it)
@@ -417,9 +407,22 @@ class DataParallel {
     }
   };
 
+ public:
+  // Every rank's parameters and buffers become rank 0's (in place).
+  static void broadcast_module_state(nn::Module& module, ProcessGroup& g) {
+    NoGradGuard no_grad;
+    for (auto& [n, p] : module.named_parameters()) {
+      AnyTensor t = p.detach();
+      g.broadcast(t, 0);
+    }
+    for (auto& [n, b] : module.named_buffers()) {
+      AnyTensor t = b.detach();
+      g.broadcast(t, 0);
+    }
+  }
+
   // All-gathers per-parameter fingerprints and throws on the first difference (`who` names the
   // caller in the error: FullyShardedDataParallel uses it too).
- public:
   static void check_replicas(const std::vector<std::pair<std::string, AnyTensor>>& named, ProcessGroup& g,
                              const char* who = "DataParallel") {
     const int world = g.size();

@@ -150,17 +150,7 @@ class FullyShardedDataParallel {
     auto named = module_->named_parameters();
     EMBER_CHECK(!named.empty(), ValueError, "FullyShardedDataParallel: the model has no parameters");
     DataParallel::check_replicas(named, group_, "FullyShardedDataParallel");
-    if (options.broadcast_from_rank0) {
-      NoGradGuard no_grad;
-      for (auto& [n, p] : named) {
-        AnyTensor t = p.detach();
-        group_.broadcast(t, 0);
-      }
-      for (auto& [n, b] : module_->named_buffers()) {
-        AnyTensor t = b.detach();
-        group_.broadcast(t, 0);
-      }
-    }
+    if (options.broadcast_from_rank0) DataParallel::broadcast_module_state(*module_, group_);
     st.master_dtype = named[0].second.dtype();
     st.device = named[0].second.device();
     st.param_dtype = options.param_dtype.value_or(st.master_dtype);
