@@ -158,8 +158,8 @@ class FullyShardedDataParallel {
                 dtype_name(st.param_dtype));
     for (auto& [n, p] : named) {
       EMBER_CHECK(p.requires_grad(), ValueError, "FullyShardedDataParallel: parameter ", n,
-                  " does not require grad; frozen parameters are not supported (leave them out of a unit's "
-                  "optimizer instead, or keep the frozen part outside the wrapped model)");
+                  " does not require grad; frozen parameters are not supported (keep the frozen part outside "
+                  "the wrapped model)");
       EMBER_CHECK(p.dtype() == st.master_dtype && p.device() == st.device, DTypeError,
                   "FullyShardedDataParallel: every parameter must share one dtype and device; ", n, " is ", p.desc(),
                   ", ", named[0].first, " is ", named[0].second.desc());
