@@ -338,3 +338,43 @@ TEST_CASE("sharded checkpoint: another model's checkpoint is an error naming the
                       Catch::Contains("body.0.weight [16, 6]") && Catch::Contains("body.0.weight [12, 6]"));
   }
 }
+
+TEST_CASE("sharded checkpoint: a hand-edited manifest is a FormatError naming it, on load and consolidation",
+          "[sharded_checkpoint][errors]") {
+  TempDir dir("manifest");
+  train({.world = 2, .stage = 3, .end = 2, .save_at = {2}, .dir = dir.path});
+  const fs::path state = dir.path / "step-2" / "state.json";
+  const std::string original = file_bytes(state);
+  auto edit = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json j = nlohmann::json::parse(original);
+    change(j["fsdp"]);
+    std::ofstream(state, std::ios::trunc) << j.dump();
+  };
+  auto load_error = [&] {
+    try {
+      train({.world = 2, .stage = 3, .begin = 2, .end = 2, .dir = dir.path});
+    } catch (const FormatError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no FormatError");
+  };
+  auto consolidate_error = [&] {
+    try {
+      dist::consolidate_sharded_checkpoint(dir.path / "step-2", dir.path / "out.safetensors");
+    } catch (const FormatError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no FormatError");
+  };
+  edit([](nlohmann::json& m) { m["units"][0]["shard_numel"] = 0; });  // would divide by zero
+  CHECK_THAT(load_error(), Catch::Contains("shard_numel or world is wrong"));
+  CHECK_THAT(consolidate_error(), Catch::Contains("shard_numel or world is wrong"));
+  edit([](nlohmann::json& m) { m["world"] = 0; });
+  CHECK_THAT(load_error(), Catch::Contains("world size 0 is not a number of ranks"));
+  edit([](nlohmann::json& m) { m["world"] = "two"; });
+  CHECK_THAT(load_error(), Catch::Contains("does not hold a sharded checkpoint's manifest"));
+  CHECK_THAT(consolidate_error(), Catch::Contains("does not hold a sharded checkpoint's manifest"));
+  edit([](nlohmann::json& m) { m["units"][0]["params"][0].erase("offset"); });
+  CHECK_THAT(consolidate_error(), Catch::Contains("does not hold a sharded checkpoint's manifest"));
+  CHECK_FALSE(fs::exists(dir.path / "out.safetensors"));
+}

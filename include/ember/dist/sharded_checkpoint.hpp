@@ -342,24 +342,34 @@ class ShardedCheckpointManager {
     return m;
   }
 
+  // A manifest whose fields have other JSON types than written (a hand-edited state.json) is a
+  // FormatError naming the checkpoint, not a JSON library exception.
   LoadedShardedCheckpoint load_verified(const std::filesystem::path& folder, const ShardedCheckpointTargets& t) {
+    try {
+      return load_verified_unchecked(folder, t);
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError("checkpoint '" + folder.string() + "': its state.json does not hold a sharded checkpoint's " +
+                        "manifest: " + e.what());
+    }
+  }
+  LoadedShardedCheckpoint load_verified_unchecked(const std::filesystem::path& folder, const ShardedCheckpointTargets& t) {
     EMBER_CHECK(t.fsdp != nullptr, ValueError, "ShardedCheckpointManager.load: targets.fsdp is null");
     NoGradGuard no_grad;
     FullyShardedDataParallel& f = *t.fsdp;
     const std::string who = "checkpoint '" + folder.string() + "'";
     nlohmann::json st = read_state_json(folder, who);
     const nlohmann::json& m = detail::sharded_manifest(st, who);
-    const int64_t old_world = m["world"].get<int64_t>(), rank = group_.rank();
+    const int64_t old_world = m.at("world").get<int64_t>(), rank = group_.rank();
     const std::vector<ShardedUnitInfo> units = f.unit_infos();
     // Everything checked before anything changes.
-    detail::check_same_layout(m["units"], units, who);
+    detail::check_same_layout(m.at("units"), units, who);
     std::vector<int64_t> opt_units;
     if (t.optimizer) {
-      EMBER_CHECK(!m["optimizer"].is_null(), FormatError, who, " has no optimizer state");
+      EMBER_CHECK(!m.at("optimizer").is_null(), FormatError, who, " has no optimizer state");
       opt_units = optimizer_units(f, *t.optimizer);
-      EMBER_CHECK(m["optimizer"]["name"] == t.optimizer->name() && m["optimizer"]["units"] == opt_units, ValueError,
-                  who, " holds the state of a ", m["optimizer"]["name"].dump(), " optimizer over units ",
-                  m["optimizer"]["units"].dump(), ", not of a ", t.optimizer->name(), " over units ",
+      EMBER_CHECK(m.at("optimizer").at("name") == t.optimizer->name() && m.at("optimizer").at("units") == opt_units, ValueError,
+                  who, " holds the state of a ", m.at("optimizer").at("name").dump(), " optimizer over units ",
+                  m.at("optimizer").at("units").dump(), ", not of a ", t.optimizer->name(), " over units ",
                   nlohmann::json(opt_units).dump());
     }
     EMBER_CHECK(!t.scheduler || (st.contains("scheduler") && !st["scheduler"].is_null()), FormatError, who,
@@ -368,7 +378,7 @@ class ShardedCheckpointManager {
     detail::ShardReader params([&](int64_t q) { return folder / detail::params_file(q); }, old_world);
     for (size_t i = 0; i < units.size(); ++i) {
       const int64_t n = units[i].numel, S = units[i].shard_numel;
-      const int64_t old_S = m["units"][i]["shard_numel"].get<int64_t>();
+      const int64_t old_S = m.at("units").at(i).at("shard_numel").get<int64_t>();
       AnyTensor v = params.range(detail::unit_key(i), n, old_S, rank * S, (rank + 1) * S);
       AnyTensor dst = f.shard(i).detach();
       dst.copy_(v.dtype() == dst.dtype() ? v.to(dst.device()) : v.to(dst.dtype()).to(dst.device()));
@@ -384,7 +394,7 @@ class ShardedCheckpointManager {
         for (auto& [index, ps] : sd.state) {
           const size_t u = static_cast<size_t>(opt_units.at(static_cast<size_t>(index)));
           const int64_t n = units[u].numel, S = units[u].shard_numel;
-          const int64_t old_S = m["units"][u]["shard_numel"].get<int64_t>();
+          const int64_t old_S = m.at("units").at(u).at("shard_numel").get<int64_t>();
           for (auto& [k, v] : ps)
             if (v.shape() == Shape{old_S})
               v = state.range(::ember::detail::str_cat("state.", index, ".", k), n, old_S, rank * S, (rank + 1) * S);
@@ -392,7 +402,7 @@ class ShardedCheckpointManager {
       }
       t.optimizer->load_state_dict(sd);
     }
-    if (m["buffers"].get<bool>()) {
+    if (m.at("buffers").get<bool>()) {
       io::TensorList saved = io::load_file((folder / detail::buffers_file()).string());
       std::unordered_map<std::string, const AnyTensor*> by_name;
       for (auto& [n, v] : saved) by_name[n] = &v;
@@ -472,29 +482,33 @@ class ShardedCheckpointManager {
 // a copy. Verifies the folder first. Not a collective: any one process, any time.
 inline void consolidate_sharded_checkpoint(const std::filesystem::path& folder, const std::filesystem::path& out) {
   const std::string who = "checkpoint '" + folder.string() + "'";
-  const nlohmann::json st = io::detail::verify_checkpoint_folder(folder);
-  const nlohmann::json& m = detail::sharded_manifest(st, who);
-  detail::ShardReader params([&](int64_t q) { return folder / detail::params_file(q); }, m["world"].get<int64_t>());
-  std::unordered_map<std::string, AnyTensor> values;
-  for (size_t i = 0; i < m["units"].size(); ++i) {
-    const nlohmann::json& u = m["units"][i];
-    const int64_t n = u["numel"].get<int64_t>();
-    AnyTensor flat = params.range(detail::unit_key(i), n, u["shard_numel"].get<int64_t>(), 0, n);
-    for (const auto& p : u["params"]) {
-      const int64_t off = p["offset"].get<int64_t>(), numel = p["numel"].get<int64_t>();
-      values[p["name"].get<std::string>()] = flat.slice(off, off + numel).reshape(Shape(p["shape"].get<std::vector<int64_t>>()));
+  try {
+    const nlohmann::json st = io::detail::verify_checkpoint_folder(folder);
+    const nlohmann::json& m = detail::sharded_manifest(st, who);
+    detail::ShardReader params([&](int64_t q) { return folder / detail::params_file(q); }, m.at("world").get<int64_t>());
+    std::unordered_map<std::string, AnyTensor> values;
+    for (size_t i = 0; i < m.at("units").size(); ++i) {
+      const nlohmann::json& u = m.at("units")[i];
+      const int64_t n = u.at("numel").get<int64_t>();
+      AnyTensor flat = params.range(detail::unit_key(i), n, u.at("shard_numel").get<int64_t>(), 0, n);
+      for (const auto& p : u.at("params")) {
+        const int64_t off = p.at("offset").get<int64_t>(), numel = p.at("numel").get<int64_t>();
+        values[p.at("name").get<std::string>()] = flat.slice(off, off + numel).reshape(Shape(p.at("shape").get<std::vector<int64_t>>()));
+      }
     }
+    if (m.at("buffers").get<bool>())
+      for (auto& [n, v] : io::load_file((folder / detail::buffers_file()).string())) values["buffer:" + n] = v;
+    io::TensorList list;
+    for (const auto& e : m.at("state_dict")) {
+      const std::string key = e.contains("param") ? e.at("param").get<std::string>() : "buffer:" + e.at("buffer").get<std::string>();
+      auto it = values.find(key);
+      EMBER_CHECK(it != values.end(), FormatError, who, ": the manifest lists ", e.dump(), " but the files lack it");
+      list.emplace_back(e.at("name").get<std::string>(), it->second.clone());
+    }
+    io::save_file(out.string(), list);
+  } catch (const nlohmann::json::exception& e) {  // a hand-edited manifest
+    throw FormatError(who + ": its state.json does not hold a sharded checkpoint's manifest: " + e.what());
   }
-  if (m["buffers"].get<bool>())
-    for (auto& [n, v] : io::load_file((folder / detail::buffers_file()).string())) values["buffer:" + n] = v;
-  io::TensorList list;
-  for (const auto& e : m["state_dict"]) {
-    const std::string key = e.contains("param") ? e["param"].get<std::string>() : "buffer:" + e["buffer"].get<std::string>();
-    auto it = values.find(key);
-    EMBER_CHECK(it != values.end(), FormatError, who, ": the manifest lists ", e.dump(), " but the files lack it");
-    list.emplace_back(e["name"].get<std::string>(), it->second.clone());
-  }
-  io::save_file(out.string(), list);
 }
 
 }  // namespace ember::dist

@@ -88,7 +88,11 @@ class ShardReader {
  public:
   // file_of(q): the path of rank q's file; world: how many ranks wrote.
   ShardReader(std::function<std::filesystem::path(int64_t)> file_of, int64_t world)
-      : file_of_(std::move(file_of)), files_(static_cast<size_t>(world)) {}
+      : file_of_(std::move(file_of)), world_(world) {
+    EMBER_CHECK(world >= 1 && world <= (int64_t{1} << 24), FormatError,
+                "sharded checkpoint: the manifest's world size ", world, " is not a number of ranks");
+    files_.resize(static_cast<size_t>(world));
+  }
 
   const io::SafetensorsFile& file(int64_t q) {
     auto& f = files_.at(static_cast<size_t>(q));
@@ -98,6 +102,9 @@ class ShardReader {
 
   // Elements [begin, end) of the vector of `n` elements stored as `key` (S elements per rank).
   AnyTensor range(const std::string& key, int64_t n, int64_t S, int64_t begin, int64_t end) {
+    EMBER_CHECK(S >= 1 && n >= 0 && S <= (int64_t{1} << 48) && n <= S * world_, FormatError, "sharded checkpoint: '",
+                key, "' of ", n, " elements cannot lie in ", world_, " shards of ", S,
+                " (the manifest's shard_numel or world is wrong)");
     const io::TensorEntry& first = file(0).entry(key);
     EMBER_CHECK(first.dtype.has_value(), FormatError, "sharded checkpoint: '", key, "' in ", file(0).path(),
                 " has the dtype ", first.dtype_name, ", which ember cannot hold");
@@ -121,6 +128,7 @@ class ShardReader {
 
  private:
   std::function<std::filesystem::path(int64_t)> file_of_;
+  int64_t world_;
   std::vector<std::unique_ptr<io::SafetensorsFile>> files_;
 };
 
