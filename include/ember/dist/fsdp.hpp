@@ -116,8 +116,9 @@ struct ShardedUnitInfo {
 inline std::vector<std::string> auto_units(nn::Module& model) {
   std::vector<std::string> units;
   std::vector<std::string> taken;  // Sequentials whose layers are units
-  for (auto& [name, m] : model.named_modules()) {
+  for (auto& [module_name, m] : model.named_modules()) {
     if (m->type_name() != "Sequential") continue;
+    const std::string& name = module_name;  // (clang 14 does not capture structured bindings)
     const bool inside = std::any_of(taken.begin(), taken.end(), [&](const std::string& t) {
       return t.empty() || name.rfind(t + ".", 0) == 0;
     });
