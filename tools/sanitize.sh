@@ -27,10 +27,11 @@ python=/root/.cache/ember/venv/bin/python
 
 # The test areas that start threads: ThreadProcessGroup ranks, the data loader's workers, the
 # asynchronous checkpoint writer, the device monitor's sampler, the profiler across threads, the
-# Trainer's cancel token, and two trainings at once (test_threads).
+# Trainer's cancel token, two trainings at once (test_threads), fully sharded ranks and their
+# sharded checkpoints.
 # EMBER_SANITIZE_AREAS="test_a test_b" narrows either mode to those areas (.ci/run does, for time).
 tsan_areas=(test_threads test_data_loader test_data_parallel test_checkpoint_manager test_device_monitor
-            test_profiler test_trainer)
+            test_profiler test_trainer test_fsdp test_sharded_checkpoint)
 if [[ -n ${EMBER_SANITIZE_AREAS:-} ]]; then
   read -r -a tsan_areas <<<"$EMBER_SANITIZE_AREAS"
 fi
