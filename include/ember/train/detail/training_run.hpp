@@ -91,6 +91,8 @@ class TrainingRun {
   // ---- the phases, in the order run() calls them ----
   void resume();
   void resume_sharded();
+  void apply_resumed_checkpoint(const nlohmann::json& user, const nlohmann::json& data,
+                                const std::filesystem::path& path, const std::string& hint);
   void open_logger();
   void log_checkpoint_artifacts();
   void report_already_complete();

@@ -49,26 +49,7 @@ inline void TrainingRun::resume() {
     }
     if (chosen >= 0) {
       LoadedCheckpoint r = checkpoints_->load(chosen, targets_);
-      const std::string who = "Trainer: checkpoint '" + r.path.string() + "'";
-      EMBER_CHECK(r.user.contains("trainer") && r.user["trainer"].is_object(), FormatError, who,
-                  " was not written by a Trainer (no \"trainer\" object in its user state)");
-      restore_trainer_state(r.user["trainer"], who);
-      EMBER_CHECK(step_in_epoch_ >= 0 && step_in_epoch_ <= steps_per_epoch_, FormatError, who, ": it stopped after step ",
-                  step_in_epoch_, " of its epoch, but an epoch now has ", steps_per_epoch_,
-                  " steps (loader, batch size or accumulation changed?)");
-      if (r.data.contains("loader")) {
-        const auto ls = r.data["loader"].get<data::DataLoaderState>();
-        EMBER_CHECK(ls.seed == train_loader_.state().seed, ValueError, who, ": saved with loader seed ", ls.seed,
-                    " but this loader's seed is ", train_loader_.state().seed, " (its batches would differ)");
-      }
-      result_.resumed_from = r.path;
-      result_.last_checkpoint = r.path;
-      // A run that had ended: nothing to train, and its checkpoint is not written again.
-      stop_early_ = early_stopping_patience_spent();
-      if (!budget_left() || stop_early_) {
-        result_.already_complete = true;
-        last_saved_step_ = state_.step;
-      }
+      apply_resumed_checkpoint(r.user, r.data, r.path, "");
     }
   }
   state_.start_step = state_.step;
@@ -143,33 +124,43 @@ inline void TrainingRun::resume_sharded() {
                       .scaler = scaler_on_ ? &scaler_ : nullptr, .generators = {}};
   if (sharded_checkpoints_ && policy.resume) {
     if (auto r = sharded_checkpoints_->load_latest(sharded_targets_)) {
-      const std::string who = "Trainer: checkpoint '" + r->path.string() + "'";
-      EMBER_CHECK(r->user.contains("trainer") && r->user["trainer"].is_object(), FormatError, who,
-                  " was not written by a Trainer (no \"trainer\" object in its user state)");
-      restore_trainer_state(r->user["trainer"], who);
-      EMBER_CHECK(step_in_epoch_ >= 0 && step_in_epoch_ <= steps_per_epoch_, FormatError, who, ": it stopped after step ",
-                  step_in_epoch_, " of its epoch, but an epoch now has ", steps_per_epoch_, " steps (",
-                  r->saved_world != world_size_ ? "written by " + std::to_string(r->saved_world) + " ranks, resumed on " +
-                                                      std::to_string(world_size_) + ": keep the global batch, "
-                                                : std::string(),
-                  "loader, batch size or accumulation changed?)");
-      if (r->data.contains("loader")) {
-        const auto ls = r->data["loader"].get<data::DataLoaderState>();
-        EMBER_CHECK(ls.seed == train_loader_.state().seed, ValueError, who, ": saved with loader seed ", ls.seed,
-                    " but this loader's seed is ", train_loader_.state().seed, " (its batches would differ)");
-      }
-      result_.resumed_from = r->path;
-      result_.last_checkpoint = r->path;
-      stop_early_ = early_stopping_patience_spent();
-      if (!budget_left() || stop_early_) {
-        result_.already_complete = true;
-        last_saved_step_ = state_.step;
-      }
+      const std::string world_hint =
+          r->saved_world != world_size_ ? "written by " + std::to_string(r->saved_world) + " ranks, resumed on " +
+                                              std::to_string(world_size_) + ": keep the global batch, "
+                                        : std::string();
+      apply_resumed_checkpoint(r->user, r->data, r->path, world_hint);
     }
   }
   state_.start_step = state_.step;
   result_.start_step = state_.step;
   state_.lr = optimizer_.param_groups().empty() ? 0.0 : optimizer_.param_groups()[0].lr();
+}
+
+// What both resumes do with a loaded checkpoint: the Trainer's state from its user object, the
+// checks that the run fits the loader, and whether the run had already ended. `hint` opens the
+// explanation of a step count that does not fit (the sharded resume names the world sizes).
+inline void TrainingRun::apply_resumed_checkpoint(const nlohmann::json& user, const nlohmann::json& data,
+                                                  const std::filesystem::path& path, const std::string& hint) {
+  const std::string who = "Trainer: checkpoint '" + path.string() + "'";
+  EMBER_CHECK(user.contains("trainer") && user["trainer"].is_object(), FormatError, who,
+              " was not written by a Trainer (no \"trainer\" object in its user state)");
+  restore_trainer_state(user["trainer"], who);
+  EMBER_CHECK(step_in_epoch_ >= 0 && step_in_epoch_ <= steps_per_epoch_, FormatError, who, ": it stopped after step ",
+              step_in_epoch_, " of its epoch, but an epoch now has ", steps_per_epoch_, " steps (", hint,
+              "loader, batch size or accumulation changed?)");
+  if (data.contains("loader")) {
+    const auto ls = data["loader"].get<data::DataLoaderState>();
+    EMBER_CHECK(ls.seed == train_loader_.state().seed, ValueError, who, ": saved with loader seed ", ls.seed,
+                " but this loader's seed is ", train_loader_.state().seed, " (its batches would differ)");
+  }
+  result_.resumed_from = path;
+  result_.last_checkpoint = path;
+  // A run that had ended: nothing to train, and its checkpoint is not written again.
+  stop_early_ = early_stopping_patience_spent();
+  if (!budget_left() || stop_early_) {
+    result_.already_complete = true;
+    last_saved_step_ = state_.step;
+  }
 }
 
 // Rank 0's record of a committed checkpoint, and the callbacks.
